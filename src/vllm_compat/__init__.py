@@ -1,0 +1,34 @@
+"""vllm_compat: one stable API over vLLM's internals, 0.10.2 through 0.33.x.
+
+``import vllm_compat`` never imports vLLM; the adapter for the installed release is
+loaded on first use (see :func:`detect`).
+"""
+
+from __future__ import annotations
+
+from .detect import VllmInfo, adapter, detect, installed_vllm_version
+from .errors import (
+    InvalidVllmVersionError, StaleBlockHasherError, UnknownAdapterError, UnsupportedFeatureError,
+    UnsupportedVllmVersionError, VllmCompatError, VllmNotInstalledError,
+)
+from .hashing import BlockHasher, attach_block_hasher, block_hasher_for, make_block_hasher
+from .requests import AUTO, make_request
+from .rpc import collective_rpc, runner_flavour
+from .scheduling import (
+    grammar_output, make_kv_cache_config, make_model_runner_output, make_scheduler,
+    make_vllm_config, schedule, update_from_output,
+)
+from .step import resolve_output, run_model_step
+from .versions import parse_vllm_version, route
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AUTO", "BlockHasher", "InvalidVllmVersionError", "StaleBlockHasherError",
+    "UnknownAdapterError", "UnsupportedFeatureError", "UnsupportedVllmVersionError",
+    "VllmCompatError", "VllmInfo", "VllmNotInstalledError", "adapter", "attach_block_hasher",
+    "block_hasher_for", "collective_rpc", "detect", "grammar_output", "installed_vllm_version",
+    "make_block_hasher", "make_kv_cache_config", "make_model_runner_output", "make_request",
+    "make_scheduler", "make_vllm_config", "parse_vllm_version", "resolve_output", "route",
+    "run_model_step", "runner_flavour", "schedule", "update_from_output",
+]

@@ -1,0 +1,531 @@
+"""Implementations shared by several era adapters.
+
+Every function here only touches vLLM symbols that exist, with the same meaning, in
+every supported release (0.10.2 onward). Where one era differs, that era's module
+defines its own version instead of importing the one here; the per-release drift that
+is too small for an era of its own is handled with a probe, commented with the vLLM
+change behind it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import json
+import os
+import tempfile
+from concurrent.futures import Future
+from functools import lru_cache
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import vllm
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core import kv_cache_utils as kcu
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+
+from ..errors import UnsupportedFeatureError, VllmCompatError
+
+HIDDEN_STATES_CONNECTOR_MODULE = (
+    "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+)
+
+
+def _params(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(fn).parameters)
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def version() -> str:
+    return vllm.__version__
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def probes() -> dict[str, bool]:
+    """Feature probes read from the installed vLLM (``hasattr`` / signatures, no version checks)."""
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+    from vllm.v1.executor.abstract import Executor
+
+    req = _params(Request.__init__)
+    sched = _params(Scheduler.__init__)
+    cache_blocks_src = inspect.getsource(SingleTypeKVCacheManager.cache_blocks)
+    return {
+        # era-defining probes (see versions.ERAS)
+        "two_phase_step": hasattr(Executor, "sample_tokens"),
+        "request_takes_eos": "eos_token_id" in req,
+        "fixed_none_hash_seed": hasattr(kcu, "DEFAULT_NONE_HASH_SEED"),
+        # finer drift inside eras
+        "request_takes_structured_output_request": "structured_output_request" in req,
+        "request_update_block_hashes": hasattr(Request, "update_block_hashes"),
+        "hashing_module": _has_module("vllm.utils.hashing"),
+        "hasher_lookahead_tokens": "num_hash_lookahead_tokens"
+        in _params(kcu.get_request_block_hasher),
+        "scheduler_takes_block_size": "block_size" in sched,
+        "scheduler_takes_hash_block_size": "hash_block_size" in sched,
+        "schedule_takes_throttle_prefills": "throttle_prefills" in _params(Scheduler.schedule),
+        "missing_hasher_tolerated": "num_hashed_tokens" in cache_blocks_src,
+        "model_runner_v2_available": _has_module("vllm.v1.worker.gpu.model_runner"),
+        "native_extract_hidden_states": _has_module(HIDDEN_STATES_CONNECTOR_MODULE),
+    }
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def hash_function_names() -> tuple[str, ...]:
+    """The algorithm names ``get_hash_fn_by_name`` accepts in this release."""
+    from vllm.config.cache import PrefixCachingHashAlgo
+    from typing import get_args
+
+    return tuple(get_args(PrefixCachingHashAlgo))
+
+
+def init_none_hash(hash_fn: Callable[[Any], bytes]) -> bytes:
+    """Run vLLM's ``init_none_hash`` and return the ``NONE_HASH`` it set."""
+    kcu.init_none_hash(hash_fn)
+    return kcu.NONE_HASH
+
+
+def current_none_hash() -> bytes | None:
+    # NONE_HASH is only an annotation until init_none_hash runs (every release).
+    return getattr(kcu, "NONE_HASH", None)
+
+
+def request_block_hasher(
+    block_size: int, hash_fn: Callable[[Any], bytes], lookahead_tokens: int = 0
+) -> Callable[[Request], list[bytes]]:
+    """vLLM's own per-request hasher, built exactly as ``EngineCore.__init__`` builds it."""
+    # 0.33.0 added num_hash_lookahead_tokens (EAGLE block-drop drafters); before it the
+    # engine had no lookahead, so 0 is the only value that matches the engine there.
+    if "num_hash_lookahead_tokens" in _params(kcu.get_request_block_hasher):
+        return kcu.get_request_block_hasher(block_size, hash_fn, lookahead_tokens)
+    if lookahead_tokens:
+        raise UnsupportedFeatureError(
+            f"vLLM {vllm.__version__} has no num_hash_lookahead_tokens (added in 0.33.0)"
+        )
+    # 0.24.0 renamed the first parameter block_size -> hash_block_size: pass it positionally.
+    return kcu.get_request_block_hasher(block_size, hash_fn)
+
+
+def block_hashes(request: Request) -> list[bytes]:
+    return list(request.block_hashes)
+
+
+def attach_block_hasher(request: Request, hasher: Callable[[Request], list[bytes]]) -> None:
+    """Bind a hasher to a Request built without one and hash its full blocks now."""
+    # 0.16.0: Request stores `_block_hasher` and calls update_block_hashes() (vLLM
+    # dropped the functools.partial to avoid a reference cycle); before, see else.
+    if hasattr(Request, "update_block_hashes"):
+        request._block_hasher = hasher
+        request.block_hashes.clear()
+        request.update_block_hashes()
+    else:
+        # 0.10.2-0.15.1: Request keeps partial(hasher, request) as get_hash_new_full_blocks.
+        from functools import partial
+
+        request.get_hash_new_full_blocks = partial(hasher, request)
+        request.block_hashes = request.get_hash_new_full_blocks()
+
+
+# --------------------------------------------------------------------------- requests
+
+# Request parameters we set ourselves; anything else the caller passes must exist in
+# this release's Request signature, or we say so instead of dropping it.
+_OWN_REQUEST_PARAMS = {"request_id", "prompt_token_ids", "sampling_params", "pooling_params",
+                       "eos_token_id", "block_hasher", "structured_output_request"}
+
+
+def prepare_sampling_params(
+    sampling_params: SamplingParams | None, eos_token_id: int | None
+) -> SamplingParams:
+    """Copy (never mutate) the caller's params and apply the eos token as the engine would."""
+    sp = SamplingParams(max_tokens=1) if sampling_params is None else sampling_params.clone()
+    if sp.max_tokens is None:
+        # Request asserts max_tokens is set (every release); the engine fills it from
+        # max_model_len, which a bare Request does not know.
+        raise VllmCompatError("sampling_params.max_tokens must be set for a Request")
+    if eos_token_id is not None:
+        # What the engine's input processor does for every request: from 0.17 this is
+        # also where the stop check reads eos from (sampling_params.eos_token_id).
+        sp.update_from_generation_config({}, eos_token_id)
+    return sp
+
+
+def request_kwargs(
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    sampling_params: SamplingParams | None,
+    pooling_params: Any,
+    eos_token_id: int | None,
+    block_hasher: Callable[[Request], list[bytes]] | None,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    accepted = _params(Request.__init__)
+    unknown = sorted(k for k in extra if k not in accepted or k in _OWN_REQUEST_PARAMS)
+    if unknown:
+        raise VllmCompatError(
+            f"Request of vLLM {vllm.__version__} takes no parameter(s) {unknown}"
+        )
+    if pooling_params is None:
+        sampling_params = prepare_sampling_params(sampling_params, eos_token_id)
+    kw: dict[str, Any] = dict(
+        request_id=str(request_id),
+        prompt_token_ids=list(prompt_token_ids),
+        sampling_params=sampling_params,
+        pooling_params=pooling_params,
+        block_hasher=block_hasher,
+        **extra,
+    )
+    return kw
+
+
+def new_request(
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    *,
+    sampling_params: SamplingParams | None = None,
+    pooling_params: Any = None,
+    eos_token_id: int | None = None,
+    block_hasher: Callable[[Request], list[bytes]] | None = None,
+    **extra: Any,
+) -> Request:
+    """A Request for releases without ``eos_token_id`` (0.17.0+): eos lives in sampling params."""
+    kw = request_kwargs(request_id, prompt_token_ids, sampling_params, pooling_params,
+                        eos_token_id, block_hasher, extra)
+    return Request(**kw)
+
+
+# --------------------------------------------------------------------------- scheduler
+
+
+def kv_cache_config(
+    num_blocks: int,
+    block_size: int,
+    *,
+    layer_names: Iterable[str] = ("model.layers.0.self_attn.attn",),
+    num_kv_heads: int = 1,
+    head_size: int = 64,
+    dtype: torch.dtype = torch.float32,
+) -> KVCacheConfig:
+    """One full-attention KV group, as a dense decoder's engine would report it."""
+    spec_kw: dict[str, Any] = dict(
+        block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype
+    )
+    # 0.10.2 had a required `use_mla` field on AttentionSpec (removed in 0.11).
+    if "use_mla" in {f.name for f in dataclasses.fields(FullAttentionSpec)}:
+        spec_kw["use_mla"] = False
+    # Keywords only: AttentionSpec became kw_only in 0.14 and its fields keep moving.
+    spec = FullAttentionSpec(**spec_kw)
+    # kv_cache_tensors stays empty: KVCacheTensor changed shape in 0.29 and the
+    # scheduler never reads it.
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(list(layer_names), spec)],
+    )
+
+
+def scheduler_class(vllm_config: VllmConfig) -> type:
+    sc = vllm_config.scheduler_config
+    # 0.11 added SchedulerConfig.get_scheduler_cls(); 0.10.2 had the `scheduler_cls`
+    # qualname string (defaulting to the V0 scheduler path).
+    if hasattr(sc, "get_scheduler_cls"):
+        return sc.get_scheduler_cls()
+    cls = getattr(sc, "scheduler_cls", None)
+    if isinstance(cls, str) and cls.startswith("vllm.v1."):
+        from vllm.utils import resolve_obj_by_qualname
+
+        return resolve_obj_by_qualname(cls)
+    if isinstance(cls, type):
+        return cls
+    if getattr(sc, "async_scheduling", False):
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        return AsyncScheduler
+    return Scheduler
+
+
+def new_scheduler(
+    vllm_config: VllmConfig,
+    kv_cache_config: KVCacheConfig,
+    *,
+    log_stats: bool = False,
+    include_finished_set: bool = False,
+) -> Scheduler:
+    """The Scheduler class the engine would pick, built with this release's arguments."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    cache = vllm_config.cache_config
+    if not cache.num_gpu_blocks:
+        # Scheduler asserts num_gpu_blocks > 0 (an init=False field the engine fills).
+        cache.num_gpu_blocks = kv_cache_config.num_blocks
+    cls = scheduler_class(vllm_config)
+    params = _params(cls.__init__)
+    block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+    kw: dict[str, Any] = dict(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        include_finished_set=include_finished_set,
+        log_stats=log_stats,
+    )
+    # 0.11 made `block_size` a required Scheduler argument (0.10.2 read cache_config).
+    if "block_size" in params:
+        kw["block_size"] = block_size
+    # 0.20 added optional `hash_block_size` (None = block_size); the engine passes the
+    # value from resolve_kv_cache_block_sizes, which equals block_size for one group.
+    if "hash_block_size" in params:
+        kw["hash_block_size"] = _hash_block_size(kv_cache_config, vllm_config, block_size)
+    return cls(**kw)
+
+
+def _hash_block_size(kv_cache_config: KVCacheConfig, vllm_config: VllmConfig, default: int) -> int:
+    # 0.20 added resolve_kv_cache_block_sizes (context parallelism scales the hash
+    # block size); before it the hash block size was always the KV block size.
+    if hasattr(kcu, "resolve_kv_cache_block_sizes"):
+        try:
+            return kcu.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)[1]
+        except Exception:  # pragma: no cover - releases whose helper needs engine state
+            return default
+    return default
+
+
+def scheduler_hash_block_size(scheduler: Scheduler) -> int:
+    """The block size the scheduler's prefix cache hashes with."""
+    pool = scheduler.kv_cache_manager.block_pool
+    # BlockPool.hash_block_size exists from 0.12; before it hashing used block_size.
+    return int(getattr(pool, "hash_block_size", None) or scheduler.block_size)
+
+
+def schedule(scheduler: Scheduler, *, throttle_prefills: bool = False):
+    # 0.24 added schedule(throttle_prefills=False); earlier releases take no argument.
+    if "throttle_prefills" in _params(scheduler.schedule):
+        return scheduler.schedule(throttle_prefills=throttle_prefills)
+    if throttle_prefills:
+        raise UnsupportedFeatureError(
+            f"Scheduler.schedule of vLLM {vllm.__version__} has no throttle_prefills (0.24+)"
+        )
+    return scheduler.schedule()
+
+
+def resolve_output(out: Any) -> Any:
+    """A concrete ModelRunnerOutput from a Future / AsyncModelRunnerOutput / value."""
+    if isinstance(out, Future):
+        out = out.result()
+    if isinstance(out, AsyncModelRunnerOutput):
+        out = out.get_output()
+    return out
+
+
+def update_from_output(scheduler: Scheduler, scheduler_output: Any, model_runner_output: Any):
+    out = resolve_output(model_runner_output)
+    if not isinstance(out, ModelRunnerOutput):
+        raise VllmCompatError(
+            "update_from_output needs a ModelRunnerOutput, got "
+            f"{type(out).__name__} (did execute_model return None without sample_tokens?)"
+        )
+    return scheduler.update_from_output(scheduler_output, out)
+
+
+def grammar_output(scheduler: Scheduler, scheduler_output: Any) -> Any:
+    """What EngineCore passes to sample_tokens: the grammar bitmask or None (0.11+)."""
+    return scheduler.get_grammar_bitmask(scheduler_output)
+
+
+def model_runner_output(
+    req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]
+) -> ModelRunnerOutput:
+    """A ModelRunnerOutput for a fabricated step (what vLLM's own scheduler tests do)."""
+    fields = {f.name: f for f in dataclasses.fields(ModelRunnerOutput)}
+    kw: dict[str, Any] = dict(
+        req_ids=list(req_ids),
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=_sampled_token_ids(fields["sampled_token_ids"], sampled_token_ids),
+    )
+    # 0.10-0.13: logprobs / prompt_logprobs_dict / pooler_output had no defaults (0.14
+    # gave every field but the request maps one).
+    required = {
+        n for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    fillers = {"logprobs": None, "prompt_logprobs_dict": {}, "pooler_output": []}
+    for name in required - kw.keys():
+        if name not in fillers:
+            raise VllmCompatError(f"ModelRunnerOutput of vLLM {vllm.__version__} requires {name!r}")
+        kw[name] = fillers[name]
+    return ModelRunnerOutput(**kw)
+
+
+def _sampled_token_ids(field: dataclasses.Field, ids: Sequence[Sequence[int]]) -> list:
+    # 0.11.x typed sampled_token_ids as list[np.ndarray] and the scheduler called
+    # .tolist() on each entry; 0.12 went back to list[list[int]].
+    if "ndarray" in str(field.type):
+        import numpy as np
+
+        return [np.asarray(list(t), dtype=np.int32) for t in ids]
+    return [list(t) for t in ids]
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _filtered(cls: type, kw: dict[str, Any]) -> Any:
+    accepted = _params(cls.__init__)
+    return cls(**{k: v for k, v in kw.items() if k in accepted})
+
+
+def write_tiny_llama_config(directory: str | os.PathLike[str], **overrides: Any) -> str:
+    """A config.json for a tiny Llama, enough for a real ModelConfig (no weights, no tokenizer)."""
+    cfg = dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
+        intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
+        num_hidden_layers=2, vocab_size=1024, max_position_embeddings=2048,
+        rms_norm_eps=1e-5, torch_dtype="float32", bos_token_id=1, eos_token_id=2,
+    )
+    cfg.update(overrides)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return str(directory)
+
+
+def vllm_config(
+    model: str | None = None,
+    *,
+    block_size: int = 16,
+    enable_prefix_caching: bool = True,
+    hash_algo: str = "sha256",
+    num_gpu_blocks: int = 64,
+    max_model_len: int = 1024,
+    max_num_batched_tokens: int = 512,
+    max_num_seqs: int = 8,
+    enable_chunked_prefill: bool = True,
+    async_scheduling: bool = False,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> VllmConfig:
+    """A real VllmConfig for driving the scheduler without an engine (CPU is fine).
+
+    ``model`` is a local directory with a ``config.json``; without one a tiny Llama
+    config is written to a temp dir. No tokenizer is loaded and no hub is contacted.
+    """
+    if model is None:
+        model = write_tiny_llama_config(tempfile.mkdtemp(prefix="vllm-compat-model-"))
+    mc_kw: dict[str, Any] = dict(
+        model=model, tokenizer=model, skip_tokenizer_init=True, dtype=dtype,
+        enforce_eager=True, max_model_len=max_model_len, seed=0,
+        # 0.10.2: verify_async_output_proc asks the platform, and the CPU-side
+        # UnspecifiedPlatform raises NotImplementedError unless this is off.
+        use_async_output_proc=False,
+    )
+    model_config = _filtered(ModelConfig, mc_kw)
+    cache_config = _filtered(CacheConfig, dict(
+        block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+        prefix_caching_hash_algo=hash_algo,
+    ))
+    sc_kw: dict[str, Any] = dict(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
+        async_scheduling=async_scheduling,
+        # 0.12 made max_model_len and is_encoder_decoder InitVars of SchedulerConfig.
+        is_encoder_decoder=False,
+    )
+    scheduler_config = _filtered(SchedulerConfig, sc_kw)
+    # The PyPI wheel is a CUDA build: on a GPU-less box current_platform is
+    # UnspecifiedPlatform and DeviceConfig("auto") cannot infer a device.
+    device_config = DeviceConfig(device=device)
+    cfg = VllmConfig(
+        model_config=model_config, cache_config=cache_config,
+        scheduler_config=scheduler_config, device_config=device_config,
+    )
+    cfg.cache_config.num_gpu_blocks = num_gpu_blocks
+    return cfg
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def runner_flavour(obj: Any) -> str:
+    """'v1' or 'v2' for a worker / runner / executor / LLM, '' when it cannot be told."""
+    runner = _find_runner(obj)
+    if runner is None:
+        return ""
+    # Model Runner V2 lives in vllm.v1.worker.gpu.* (0.12+); V1 in gpu_model_runner.
+    return "v2" if type(runner).__module__.startswith("vllm.v1.worker.gpu.") else "v1"
+
+
+def _find_runner(obj: Any) -> Any:
+    for path in ("model_runner", "worker.model_runner", "driver_worker.worker.model_runner",
+                 "driver_worker.model_runner"):
+        cur = obj
+        for part in path.split("."):
+            cur = getattr(cur, part, None)
+            if cur is None:
+                break
+        if cur is not None:
+            return cur
+    is_runner = getattr(obj, "execute_model", None) is not None and getattr(obj, "model", None) is not None
+    return obj if is_runner else None
+
+
+def collective_rpc(
+    target: Any,
+    method: str | Callable[..., Any],
+    *,
+    args: tuple = (),
+    kwargs: dict[str, Any] | None = None,
+    timeout: float | None = None,
+    rank: int | None = None,
+) -> Any:
+    """Call ``method`` on every worker; a list (one entry per rank), or rank ``rank``'s value.
+
+    ``target`` is an ``LLM``, ``LLMEngine``, engine-core client, ``EngineCore`` or an
+    ``Executor``. Replies differ by executor and release (UniProc ``[x]`` vs
+    ``single_value``, MP ``unique_reply_rank``, unresolved ``AsyncModelRunnerOutput``
+    on the UniProc sync path before 0.24); this always gives plain values.
+    """
+    kw = dict(timeout=timeout, args=tuple(args), kwargs=dict(kwargs or {}))
+    replies = target.collective_rpc(method, **kw)
+    replies = resolve_output(replies)  # a Future when an executor hands one back
+    if not isinstance(replies, list):
+        # UniProc with single_value / MP with unique_reply_rank return a bare value.
+        replies = [replies]
+    replies = [resolve_output(r) for r in replies]
+    if rank is None:
+        return replies
+    if not 0 <= rank < len(replies):
+        raise VllmCompatError(f"rank {rank} out of range: {len(replies)} worker(s) replied")
+    return replies[rank]
+
+
+def two_phase_step(target: Any, scheduler_output: Any, grammar_output: Any = None) -> ModelRunnerOutput:
+    """``execute_model`` then, when it returns None, ``sample_tokens`` (vLLM 0.11+)."""
+    out = resolve_output(_call_step(target, "execute_model", scheduler_output))
+    if out is None:
+        out = resolve_output(_call_step(target, "sample_tokens", grammar_output))
+    if out is None:
+        # The V2 runner returns None from sample_tokens when execute_model failed.
+        raise VllmCompatError("model step produced no output (execute_model failed?)")
+    if not isinstance(out, ModelRunnerOutput):
+        raise VllmCompatError(f"model step returned {type(out).__name__}, not ModelRunnerOutput")
+    return out
+
+
+def _call_step(target: Any, name: str, arg: Any) -> Any:
+    fn = getattr(target, name, None)
+    if fn is None:
+        raise VllmCompatError(f"{type(target).__name__} has no {name}()")
+    return fn(arg)

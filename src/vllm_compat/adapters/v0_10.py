@@ -1,0 +1,65 @@
+"""Adapter for vLLM 0.10.2: single-phase model step, hashing helpers in ``vllm.utils``.
+
+What sets this era apart (all changed in 0.11):
+- ``execute_model`` returns the final ``ModelRunnerOutput``; there is no ``sample_tokens``.
+- ``get_hash_fn_by_name`` / ``sha256`` live in ``vllm.utils`` (moved to ``vllm.utils.hashing``).
+- ``Request`` takes ``structured_output_request`` explicitly and requires ``eos_token_id``.
+- The grammar bitmask travels inside ``SchedulerOutput``, so there is no GrammarOutput.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from vllm.sampling_params import SamplingParams
+from vllm.utils import get_hash_fn_by_name
+from vllm.v1.request import Request
+from vllm.v1.structured_output.request import StructuredOutputRequest
+
+from ._shared import (  # noqa: F401  (re-exported: part of the adapter function set)
+    attach_block_hasher, block_hashes, collective_rpc, current_none_hash, hash_function_names,
+    init_none_hash, kv_cache_config, model_runner_output, new_scheduler, probes,
+    request_block_hasher, request_kwargs, resolve_output, runner_flavour, schedule,
+    scheduler_hash_block_size, update_from_output, version, vllm_config,
+)
+from ._shared import _call_step
+from ..errors import VllmCompatError
+
+ERA = "v0_10"
+
+
+def hash_function(name: str) -> Callable[[Any], bytes]:
+    return get_hash_fn_by_name(name)
+
+
+def new_request(
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    *,
+    sampling_params: SamplingParams | None = None,
+    pooling_params: Any = None,
+    eos_token_id: int | None = None,
+    block_hasher: Callable[[Request], list[bytes]] | None = None,
+    **extra: Any,
+) -> Request:
+    kw = request_kwargs(request_id, prompt_token_ids, sampling_params, pooling_params,
+                        eos_token_id, block_hasher, extra)
+    kw["eos_token_id"] = eos_token_id  # required positional-or-keyword through 0.16
+    sp = kw["sampling_params"]
+    # 0.10.2 builds the structured-output request in from_engine_core_request; 0.11
+    # moved that into Request itself.
+    kw["structured_output_request"] = StructuredOutputRequest(sampling_params=sp) if sp else None
+    return Request(**kw)
+
+
+def grammar_output(scheduler: Any, scheduler_output: Any) -> None:
+    # 0.10.2 puts the bitmask in SchedulerOutput; there is no second phase to feed.
+    return None
+
+
+def run_model_step(target: Any, scheduler_output: Any, grammar_output: Any = None) -> Any:
+    """0.10.2: ``execute_model`` already samples and returns the final output."""
+    out = resolve_output(_call_step(target, "execute_model", scheduler_output))
+    if out is None:
+        raise VllmCompatError("execute_model returned no output")
+    return out

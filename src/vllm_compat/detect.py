@@ -1,0 +1,102 @@
+"""Find the installed vLLM, route it to an adapter, and report what it can do."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import threading
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from packaging.version import Version
+
+from . import versions
+from .errors import VllmNotInstalledError
+
+_lock = threading.Lock()
+_cached: tuple["VllmInfo", ModuleType] | None = None
+
+
+@dataclass(frozen=True)
+class VllmInfo:
+    """What :func:`detect` found. ``probes`` are read from the installed code, not guessed."""
+
+    version: str
+    base_version: str
+    is_prerelease: bool
+    local: str | None
+    era: str
+    era_summary: str
+    routing: str
+    newer_than_tested: bool
+    runner: str
+    probes: dict[str, bool] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def installed_vllm_version() -> str:
+    """The installed distribution's version, read from metadata (does not import vLLM)."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        raise VllmNotInstalledError(
+            "vLLM is not installed in this environment: `pip install vllm` "
+            f"(vllm_compat supports {versions.OLDEST_SUPPORTED} to {versions.NEWEST_TESTED}.x)"
+        ) from None
+
+
+def _default_runner(base: Version, probes: dict[str, bool]) -> str:
+    """Which model runner vLLM picks for a dense decoder by default (a live worker can say more)."""
+    forced = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if not probes.get("model_runner_v2_available"):
+        return "v1"
+    if forced is not None:
+        return "v2 (VLLM_USE_V2_MODEL_RUNNER)" if forced.strip() not in {"", "0"} else "v1 (forced)"
+    # 0.29 made V2 the default for every model; 0.22-0.28 chose V2 per architecture;
+    # before 0.22 it was opt-in through the environment variable.
+    if base >= Version("0.29.0"):
+        return "v2"
+    if base >= Version("0.22.0"):
+        return "v1 or v2 (chosen per architecture)"
+    return "v1"
+
+
+def detect(*, refresh: bool = False) -> VllmInfo:
+    """Detect the installed vLLM: version, adapter (era), default runner, capability probes."""
+    return _detect(refresh)[0]
+
+
+def adapter(*, refresh: bool = False) -> ModuleType:
+    """The adapter module for the installed vLLM (imports vLLM on first use)."""
+    return _detect(refresh)[1]
+
+
+def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
+    global _cached
+    with _lock:
+        if _cached is not None and not refresh:
+            return _cached
+        text = installed_vllm_version()
+        v = versions.parse_vllm_version(text)
+        versions.era_for_version(v)  # too old: fail before importing vLLM
+        from .adapters import load
+
+        try:
+            shared = load("_shared")
+        except ImportError as exc:
+            raise VllmNotInstalledError(f"vLLM {text} is installed but cannot be imported: {exc}") from exc
+        probes = shared.probes()
+        routing = versions.route(v, probes)
+        module = load(routing.era.module)
+        base = versions.base_version(v)
+        info = VllmInfo(
+            version=text, base_version=str(base), is_prerelease=v.is_prerelease or v.is_devrelease,
+            local=v.local, era=routing.era.name, era_summary=routing.era.summary,
+            routing=routing.reason, newer_than_tested=routing.newer_than_tested,
+            runner=_default_runner(base, probes), probes=probes,
+        )
+        _cached = (info, module)
+        return _cached

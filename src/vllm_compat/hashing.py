@@ -1,0 +1,103 @@
+"""Block hashers that match vLLM's engine core, with ``init_none_hash`` handled for you."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from typing import Any, Callable
+
+from .detect import adapter
+from .errors import StaleBlockHasherError, VllmCompatError
+
+_lock = threading.Lock()
+# algorithm -> the NONE_HASH our own init_none_hash call produced for it
+_none_hash_by_algo: dict[str, bytes] = {}
+_init_calls = 0
+
+
+class BlockHasher:
+    """vLLM's per-request block hasher, pinned to the ``NONE_HASH`` it was built with.
+
+    vLLM keeps ``NONE_HASH`` (the root of every hash chain) in a module global that each
+    ``init_none_hash`` call replaces. If something re-seeds it after this hasher was made
+    (another algorithm, an in-process ``EngineCore`` on a release with a random seed),
+    the hashes would silently stop matching the engine's; we raise instead.
+    """
+
+    __slots__ = ("block_size", "hash_algo", "lookahead_tokens", "none_hash", "_fn", "_current")
+
+    def __init__(self, fn: Callable[[Any], list[bytes]], none_hash: bytes, block_size: int,
+                 hash_algo: str, lookahead_tokens: int, current: Callable[[], bytes | None]):
+        self._fn = fn
+        self._current = current
+        self.none_hash = none_hash
+        self.block_size = block_size
+        self.hash_algo = hash_algo
+        self.lookahead_tokens = lookahead_tokens
+
+    def __call__(self, request: Any) -> list[bytes]:
+        if self._current() != self.none_hash:
+            raise StaleBlockHasherError(
+                f"vLLM's NONE_HASH was re-initialised after this {self.hash_algo} hasher was "
+                "built (another hash algorithm, or an EngineCore started in this process); "
+                "its hashes would no longer match the engine's. Call make_block_hasher() again."
+            )
+        return self._fn(request)
+
+    def __repr__(self) -> str:
+        return f"BlockHasher(block_size={self.block_size}, hash_algo={self.hash_algo!r})"
+
+
+def none_hash_init_count() -> int:
+    """How many times vllm_compat has called vLLM's ``init_none_hash`` in this process."""
+    return _init_calls
+
+
+def _check_block_size(block_size: Any) -> int:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise VllmCompatError(f"block_size must be a positive integer, got {block_size!r}")
+    return block_size
+
+
+def make_block_hasher(block_size: int, hash_algo: str = "sha256", *,
+                      lookahead_tokens: int = 0) -> BlockHasher:
+    """Return the block hasher vLLM's engine core builds for ``block_size`` / ``hash_algo``.
+
+    Runs vLLM's ``init_none_hash`` once per process and algorithm (thread-safe); later
+    calls reuse it as long as nobody re-seeded vLLM's global in between.
+    ``block_size`` is the engine's *hash* block size (equal to the KV block size for one
+    attention group). ``lookahead_tokens`` mirrors ``num_hash_lookahead_tokens`` (0.33+).
+    """
+    global _init_calls
+    _check_block_size(block_size)
+    if not isinstance(lookahead_tokens, int) or lookahead_tokens < 0:
+        raise VllmCompatError(f"lookahead_tokens must be an integer >= 0, got {lookahead_tokens!r}")
+    ad = adapter()
+    names = ad.hash_function_names()
+    if hash_algo not in names:
+        raise VllmCompatError(
+            f"unknown hash algorithm {hash_algo!r}; vLLM {ad.version()} supports {list(names)}"
+        )
+    if hash_algo.startswith("xxhash") and importlib.util.find_spec("xxhash") is None:
+        raise VllmCompatError(f"hash algorithm {hash_algo!r} needs the 'xxhash' package: pip install xxhash")
+    fn = ad.hash_function(hash_algo)
+    with _lock:
+        recorded = _none_hash_by_algo.get(hash_algo)
+        if recorded is None or ad.current_none_hash() != recorded:
+            recorded = ad.init_none_hash(fn)
+            _none_hash_by_algo[hash_algo] = recorded
+            _init_calls += 1
+        inner = ad.request_block_hasher(block_size, fn, lookahead_tokens)
+    return BlockHasher(inner, recorded, block_size, hash_algo, lookahead_tokens, ad.current_none_hash)
+
+
+def block_hasher_for(scheduler: Any) -> BlockHasher:
+    """A hasher matching a live scheduler: its hash block size and its config's algorithm."""
+    ad = adapter()
+    algo = scheduler.vllm_config.cache_config.prefix_caching_hash_algo
+    return make_block_hasher(ad.scheduler_hash_block_size(scheduler), algo)
+
+
+def attach_block_hasher(request: Any, hasher: Callable[[Any], list[bytes]]) -> None:
+    """Give a Request built elsewhere (without a hasher) one, and hash its full blocks now."""
+    adapter().attach_block_hasher(request, hasher)
