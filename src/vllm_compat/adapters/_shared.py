@@ -382,8 +382,17 @@ def _sampled_token_ids(field: dataclasses.Field, ids: Sequence[Sequence[int]]) -
 # --------------------------------------------------------------------------- config
 
 
+def _init_names(cls: type) -> set[str]:
+    # vLLM configs are (pydantic) dataclasses whose __init__ signature can read as
+    # (*args, **kwargs); __dataclass_fields__ also lists InitVars (SchedulerConfig 0.12+).
+    fields = getattr(cls, "__dataclass_fields__", None)
+    if fields:
+        return {n for n, f in fields.items() if f.init}
+    return set(_params(cls.__init__))
+
+
 def _filtered(cls: type, kw: dict[str, Any]) -> Any:
-    accepted = _params(cls.__init__)
+    accepted = _init_names(cls)
     return cls(**{k: v for k, v in kw.items() if k in accepted})
 
 

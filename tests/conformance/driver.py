@@ -1,0 +1,61 @@
+"""Drive a real vLLM Scheduler to completion with fabricated model outputs.
+
+The fabricated part is only the model: every request whose prompt (and outputs so far)
+is fully computed after ``schedule()`` gets one sampled token; a request still mid-prefill
+gets ``[]``, exactly as vLLM's runner discards partial-prefill samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import vllm_compat as vc
+
+FAKE_TOKEN = 7  # any id that is not eos (2) in the tiny config
+
+
+@dataclass
+class Run:
+    steps: int = 0
+    # req_id -> num_computed_tokens when the request was first scheduled (prefix-cache hit)
+    first_computed: dict[str, int] = field(default_factory=dict)
+    finished: set[str] = field(default_factory=set)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    max_blocks_in_use: int = 0
+
+
+def free_blocks(scheduler) -> int:
+    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def step(scheduler, run: Run) -> None:
+    so = vc.schedule(scheduler)
+    for new in so.scheduled_new_reqs:
+        run.first_computed.setdefault(new.req_id, new.num_computed_tokens)
+    total = scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1  # minus the null block
+    run.max_blocks_in_use = max(run.max_blocks_in_use, total - free_blocks(scheduler))
+    req_ids = list(so.num_scheduled_tokens)
+    sampled = []
+    for rid in req_ids:
+        req = scheduler.requests[rid]
+        done = req.num_computed_tokens >= req.num_tokens
+        sampled.append([FAKE_TOKEN] if done else [])
+    out = vc.make_model_runner_output(req_ids, sampled)
+    engine_outputs = vc.update_from_output(scheduler, so, out)
+    for eco in engine_outputs.values():
+        for o in eco.outputs:
+            run.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finish_reason is not None:
+                run.finished.add(o.request_id)
+    run.steps += 1
+
+
+def run_until_done(scheduler, run: Run | None = None, max_steps: int = 200) -> Run:
+    run = run or Run()
+    while scheduler.has_unfinished_requests():
+        step(scheduler, run)
+        if run.steps > max_steps:
+            raise AssertionError(f"scheduler did not finish within {max_steps} steps")
+    # One more schedule() lets the scheduler drop finished requests' bookkeeping.
+    vc.schedule(scheduler)
+    return run
