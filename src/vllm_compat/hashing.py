@@ -48,6 +48,29 @@ class BlockHasher:
         return f"BlockHasher(block_size={self.block_size}, hash_algo={self.hash_algo!r})"
 
 
+def _none_hash_for(ad: Any, hash_algo: str, fn: Callable[[Any], bytes]) -> bytes:
+    """The NONE_HASH to hash with; calls vLLM's init_none_hash only when it must.
+
+    - not set yet in this process: init for ``hash_algo`` (the case that crashes raw code);
+    - set by us for this algorithm and unchanged: reuse it;
+    - set by us for another algorithm: init for this one (vLLM's last-init-wins rule;
+      hashers of the other algorithm then refuse to run, see BlockHasher);
+    - set by someone else, i.e. an EngineCore in this process: adopt it, because
+      re-initialising would change the engine's own hashes under it.
+    """
+    global _init_calls
+    current = ad.current_none_hash()
+    if current is not None:
+        if _none_hash_by_algo.get(hash_algo) == current:
+            return current
+        if current not in _none_hash_by_algo.values():
+            _none_hash_by_algo[hash_algo] = current
+            return current
+    _none_hash_by_algo[hash_algo] = ad.init_none_hash(fn)
+    _init_calls += 1
+    return _none_hash_by_algo[hash_algo]
+
+
 def none_hash_init_count() -> int:
     """How many times vllm_compat has called vLLM's ``init_none_hash`` in this process."""
     return _init_calls
@@ -63,12 +86,11 @@ def make_block_hasher(block_size: int, hash_algo: str = "sha256", *,
                       lookahead_tokens: int = 0) -> BlockHasher:
     """Return the block hasher vLLM's engine core builds for ``block_size`` / ``hash_algo``.
 
-    Runs vLLM's ``init_none_hash`` once per process and algorithm (thread-safe); later
-    calls reuse it as long as nobody re-seeded vLLM's global in between.
+    Runs vLLM's ``init_none_hash`` once per process and algorithm (thread-safe), and
+    never over a ``NONE_HASH`` an in-process engine already set (see ``_none_hash_for``).
     ``block_size`` is the engine's *hash* block size (equal to the KV block size for one
     attention group). ``lookahead_tokens`` mirrors ``num_hash_lookahead_tokens`` (0.33+).
     """
-    global _init_calls
     _check_block_size(block_size)
     if not isinstance(lookahead_tokens, int) or lookahead_tokens < 0:
         raise VllmCompatError(f"lookahead_tokens must be an integer >= 0, got {lookahead_tokens!r}")
@@ -82,13 +104,9 @@ def make_block_hasher(block_size: int, hash_algo: str = "sha256", *,
         raise VllmCompatError(f"hash algorithm {hash_algo!r} needs the 'xxhash' package: pip install xxhash")
     fn = ad.hash_function(hash_algo)
     with _lock:
-        recorded = _none_hash_by_algo.get(hash_algo)
-        if recorded is None or ad.current_none_hash() != recorded:
-            recorded = ad.init_none_hash(fn)
-            _none_hash_by_algo[hash_algo] = recorded
-            _init_calls += 1
+        none_hash = _none_hash_for(ad, hash_algo, fn)
         inner = ad.request_block_hasher(block_size, fn, lookahead_tokens)
-    return BlockHasher(inner, recorded, block_size, hash_algo, lookahead_tokens, ad.current_none_hash)
+    return BlockHasher(inner, none_hash, block_size, hash_algo, lookahead_tokens, ad.current_none_hash)
 
 
 def block_hasher_for(scheduler: Any) -> BlockHasher:

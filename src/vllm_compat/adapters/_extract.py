@@ -1,0 +1,536 @@
+"""vLLM side of hidden-state extraction (the only extraction module that imports vLLM).
+
+Loaded by :mod:`vllm_compat.extract` through ``vllm_compat.adapters.load("_extract")``.
+One module for every release: each branch is chosen by a feature probe, with a comment
+naming the release / change behind it (see ``vllm-api-drift.md`` E.1-E.4 and F.1).
+
+Capture modes (layer ids follow :mod:`vllm_compat.extract.layers`: k = state entering
+decoder layer k, L = final pre-norm state):
+
+* ``"aux"``: vLLM's own EAGLE-3 aux-hidden-state path. Right after the model is loaded
+  (inside the runner's ``load_model``, before the profile run, torch.compile and CUDA-graph
+  capture) we call ``model.set_aux_hidden_state_layers(ids)`` and set the runner's
+  ``use_aux_hidden_state_outputs``; the compiled graph then returns the aux states, which
+  we read from ``runner.execute_model_state.aux_hidden_states`` between ``execute_model``
+  and ``sample_tokens``. Works under CUDA graphs.
+* ``"hooks"``: forward(-pre) hooks on the decoder layers (``hidden_states + residual`` as
+  it enters layer k; the last layer's output for L). Python hooks do not run under CUDA
+  graph replay or inside a compiled graph, so this mode forces ``enforce_eager=True``.
+  Used when the model has no aux path or its aux path cannot express a requested id.
+* ``"native"`` (0.17.1+): ``speculative_config.method="extract_hidden_states"`` with
+  ``ExampleHiddenStatesConnector``; refuses MLA verifiers (the hidden-state KV group cannot
+  be isolated), so MLA models fall back to ``"aux"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import torch
+import vllm
+from packaging.version import Version
+from vllm import LLM, SamplingParams
+
+from vllm_compat.extract.ordering import BatchLayout, split_batch
+from vllm_compat.rpc import collective_rpc, runner_flavour
+from vllm_compat.requests import make_request
+from vllm_compat.scheduling import grammar_output, schedule
+from vllm_compat.step import resolve_output
+
+VLLM_VERSION = Version(Version(vllm.__version__).base_version)
+
+# 0.18.1: EagleModelMixin (index 0 = embeddings, index L = last-layer output) for
+# Llama/Qwen2/Qwen3/Qwen3Moe inner models. Absent before.
+try:
+    from vllm.model_executor.models.interfaces import EagleModelMixin  # type: ignore
+except ImportError:  # <= 0.17.1
+    EagleModelMixin = None  # type: ignore[assignment,misc]
+
+try:
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model
+except ImportError:  # pragma: no cover - present in every supported release
+    DeepseekV2ForCausalLM = DeepseekV2Model = None  # type: ignore[assignment,misc]
+
+# The runner classes whose load_model we wrap while the LLM is being built.
+_RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+
+# What the wrapped load_model should configure (set only while an LLM is being built; a
+# forked TP worker inherits it).
+_PENDING: dict[str, Any] | None = None
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _model_class(model_path: str, cfg: Mapping[str, Any]) -> type | None:
+    from vllm.model_executor.models.registry import ModelRegistry
+    for arch in cfg.get("architectures") or ():
+        # _try_load_model_cls(arch) exists with this signature 0.10.2-0.33.0.
+        cls = ModelRegistry._try_load_model_cls(arch)
+        if cls is not None:
+            return cls
+    return None
+
+
+def native_aux_ids(model_cls: type | None, num_layers: int) -> frozenset[int]:
+    """The ids vLLM's own aux path can return for this model class on this release."""
+    L = num_layers
+    if model_cls is None or not callable(getattr(model_cls, "set_aux_hidden_state_layers", None)):
+        return frozenset()
+    mod = sys.modules.get(model_cls.__module__)
+    if EagleModelMixin is not None and mod is not None and any(
+            isinstance(o, type) and issubclass(o, EagleModelMixin) and o is not EagleModelMixin
+            and o.__module__ == mod.__name__ for o in vars(mod).values()):
+        # 0.18.1+: _maybe_add_hidden_state(aux, 0, ...) before the loop, idx + 1 after
+        # each layer: 0..L all work.
+        return frozenset(range(0, L + 1))
+    if DeepseekV2ForCausalLM is not None and issubclass(model_cls, DeepseekV2ForCausalLM):
+        # DeepseekV2Model: `if idx in aux: aux.append(hidden_states + residual)` before
+        # layer idx, residual is None at idx 0 (TypeError), so 0 is out. The end_layer
+        # capture (index L) came with vllm#46973 in 0.25.1.
+        top = L + 1 if VLLM_VERSION >= Version("0.25.1") else L
+        return frozenset(range(1, top))
+    # Pre-0.18.1 Llama-style loops: before layer idx, `hidden_states + residual` (0 fails,
+    # L is never reached). Conservative for any other SupportsEagle3 model.
+    return frozenset(range(1, L))
+
+
+def is_mla_config(cfg: Mapping[str, Any]) -> bool:
+    tc = cfg.get("text_config") if "kv_lora_rank" not in cfg else cfg
+    return bool((tc or {}).get("kv_lora_rank"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    mode: str                      # "aux" | "hooks" | "native"
+    layer_ids: tuple[int, ...]     # requested order
+    native_ids: tuple[int, ...]    # sorted, what the model is configured with (aux/native)
+    enforce_eager: bool
+    model_cls: str
+    note: str = ""
+
+
+def plan(model_path: str, cfg: Mapping[str, Any], layer_ids: Sequence[int], num_layers: int,
+         *, backend: str, enforce_eager: bool) -> Plan:
+    cls = _model_class(model_path, cfg)
+    name = cls.__name__ if cls is not None else "?"
+    ids = tuple(layer_ids)
+    srt = tuple(sorted(ids))
+    supported = native_aux_ids(cls, num_layers)
+    note = ""
+    if backend == "native":
+        if VLLM_VERSION < Version("0.17.1"):
+            raise ValueError(f"backend='native' needs vLLM 0.17.1+ (extract_hidden_states); "
+                             f"installed {vllm.__version__}")
+        if is_mla_config(cfg):
+            note = ("backend='native' refuses MLA models (ExampleHiddenStatesConnector cannot "
+                    "isolate the hidden-state KV group: 'MLA verifiers are unsupported'); "
+                    "falling back to backend='aux'")
+            warnings.warn(note, stacklevel=3)
+            backend = "auto"
+        elif not set(ids) <= supported:
+            raise ValueError(f"backend='native': {name} on vLLM {vllm.__version__} cannot "
+                             f"return layer ids {sorted(set(ids) - supported)}")
+        else:
+            return Plan("native", ids, srt, enforce_eager, name)
+    if backend in ("auto", "aux") and set(ids) <= supported:
+        return Plan("aux", ids, srt, enforce_eager, name, note)
+    if backend == "aux":
+        raise ValueError(
+            f"backend='aux': vLLM {vllm.__version__}'s aux path of {name} cannot return layer "
+            f"ids {sorted(set(ids) - supported)}; use backend='auto' or 'hooks'")
+    if backend not in ("auto", "hooks"):
+        raise ValueError(f"unknown backend {backend!r}: auto, aux, hooks or native")
+    why = ("backend='hooks'" if backend == "hooks" else
+           f"{name}'s aux path on vLLM {vllm.__version__} cannot return "
+           f"{sorted(set(ids) - supported)}")
+    if not enforce_eager:
+        msg = (f"{why}: capturing with forward hooks, which do not run under torch.compile / "
+               "CUDA graphs, so enforce_eager=True is forced")
+        warnings.warn(msg, stacklevel=3)
+        note = (note + "; " if note else "") + msg
+    return Plan("hooks", ids, (), True, name, note)
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def _inner_model(model: Any) -> Any:
+    lm = model.get_language_model() if callable(getattr(model, "get_language_model", None)) \
+        else getattr(model, "language_model", model)
+    return getattr(lm, "model", lm)
+
+
+def _enable_aux(runner: Any, ids: tuple[int, ...]) -> None:
+    model = runner.model
+    inner = _inner_model(model)
+    L = len(getattr(inner, "layers", ()))
+    is_mixin = EagleModelMixin is not None and isinstance(inner, EagleModelMixin)
+    # Cross-check of plan(): the class-level guess must match the loaded inner model.
+    if 0 in ids and not is_mixin:
+        raise RuntimeError(f"{type(inner).__name__}'s aux path cannot return id 0 (embeddings)")
+    ds_final = (DeepseekV2Model is not None and isinstance(inner, DeepseekV2Model)
+                and VLLM_VERSION >= Version("0.25.1"))
+    if L in ids and not (is_mixin or ds_final):
+        raise RuntimeError(f"{type(inner).__name__}'s aux path cannot return id {L} (final)")
+    model.set_aux_hidden_state_layers(tuple(ids))
+    runner.use_aux_hidden_state_outputs = True
+    runner._vllm_compat_aux = tuple(ids)
+
+
+def _wrap_load_model(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        pending = _PENDING
+        if pending is not None and pending.get("aux"):
+            _enable_aux(self, tuple(pending["aux"]))
+        return out
+    load_model._vllm_compat_orig = orig  # type: ignore[attr-defined]
+    return load_model
+
+
+@contextlib.contextmanager
+def _aux_configured(ids: tuple[int, ...] | None) -> Iterator[None]:
+    """Wrap the runners' load_model so aux layers are set before warm-up / compile."""
+    global _PENDING
+    patched: list[tuple[type, Any]] = []
+    import importlib
+    for modname in _RUNNER_MODULES:
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError:  # V2 runner: 0.12.0+
+            continue
+        cls = getattr(mod, "GPUModelRunner", None)
+        if cls is None or "load_model" not in vars(cls):
+            continue
+        orig = vars(cls)["load_model"]
+        setattr(cls, "load_model", _wrap_load_model(orig))
+        patched.append((cls, orig))
+    _PENDING = {"aux": ids} if ids else None
+    try:
+        yield
+    finally:
+        _PENDING = None
+        for cls, orig in patched:
+            setattr(cls, "load_model", orig)
+
+
+class _Hooks:
+    """Forward hooks on decoder layers: state entering layer k, last layer's output for L."""
+
+    def __init__(self, layers: Sequence[Any], ids: Iterable[int]) -> None:
+        L = len(layers)
+        self.buf: dict[int, torch.Tensor] = {}
+        self.handles = []
+        for k in ids:
+            if k < L:
+                h = layers[k].register_forward_pre_hook(self._pre(k), with_kwargs=True)
+            else:
+                h = layers[L - 1].register_forward_hook(self._post(k), with_kwargs=True)
+            self.handles.append(h)
+
+    def _pre(self, k: int) -> Any:
+        def hook(mod: Any, args: tuple, kwargs: dict) -> None:
+            # (positions, hidden_states, residual[, llama_4_scaling 0.12.0+ DeepseekV2])
+            h = kwargs["hidden_states"] if "hidden_states" in kwargs else args[1]
+            r = kwargs.get("residual", args[2] if len(args) > 2 else None)
+            # vLLM's fused add-RMSNorm works in place: take a copy now.
+            self.buf[k] = h + r if r is not None else h.clone()
+        return hook
+
+    def _post(self, k: int) -> Any:
+        def hook(mod: Any, args: tuple, kwargs: dict, out: Any) -> None:
+            h, r = (out[0], out[1]) if isinstance(out, tuple) else (out, None)
+            self.buf[k] = h + r if r is not None else h.clone()
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _worker_install_hooks(worker: Any, ids: tuple[int, ...]) -> int:
+    runner = worker.model_runner
+    inner = _inner_model(runner.model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise RuntimeError(f"{type(inner).__name__} has no .layers to hook")
+    if getattr(inner, "start_layer", 0) != 0 or getattr(inner, "end_layer", len(layers)) != len(layers):
+        raise RuntimeError("pipeline parallelism is not supported by the hook capture")
+    old = getattr(worker, "_vllm_compat_hooks", None)
+    if old is not None:
+        old.remove()
+    worker._vllm_compat_hooks = _Hooks(list(layers), ids)
+    return len(layers)
+
+
+def _worker_describe(worker: Any) -> dict[str, Any]:
+    runner = worker.model_runner
+    return {
+        "runner": runner_flavour(worker),
+        "aux": getattr(runner, "_vllm_compat_aux", None),
+        "use_aux": bool(getattr(runner, "use_aux_hidden_state_outputs", False)),
+        "model": type(runner.model).__name__,
+        "hooks": sorted(getattr(getattr(worker, "_vllm_compat_hooks", None), "buf", {}) or []),
+        "rank": getattr(worker, "rank", 0),
+    }
+
+
+def _layout(runner: Any, num_scheduled: Mapping[str, int]) -> BatchLayout:
+    st = getattr(runner, "execute_model_state", None)
+    ib = getattr(st, "input_batch", None)
+    if ib is not None and hasattr(ib, "query_start_loc_np"):
+        # Model Runner V2 (0.18.1+ ExecuteModelState.input_batch): requests sorted
+        # decode -> short -> prefill (sort_batch_req_ids), offsets in query_start_loc.
+        qsl = [int(x) for x in ib.query_start_loc_np[: len(ib.req_ids) + 1]]
+        lay = BatchLayout(tuple(ib.req_ids), tuple(qsl[:-1]), tuple(qsl[1:]))
+        for r, s, e in zip(lay.req_ids, lay.starts, lay.ends):
+            if num_scheduled.get(r) != e - s:
+                raise RuntimeError(f"V2 batch layout disagrees with the scheduler for {r}: "
+                                   f"{e - s} vs {num_scheduled.get(r)}")
+        return lay
+    # V1 runner: tokens laid out in the persistent input_batch order (after any
+    # attention-backend reorder, e.g. MLA decode-first).
+    return split_batch(list(runner.input_batch.req_ids), num_scheduled)
+
+
+def _worker_collect(worker: Any, num_scheduled: dict[str, int], mode: str,
+                    want: tuple[int, ...]) -> dict[str, torch.Tensor] | None:
+    """Per-request ``[n_tokens, len(want), hidden]`` CPU tensors of this step (rank 0 only)."""
+    if getattr(worker, "rank", 0) != 0:
+        return None
+    runner = worker.model_runner
+    if mode == "aux":
+        st = getattr(runner, "execute_model_state", None)
+        aux = getattr(st, "aux_hidden_states", None)
+        native = getattr(runner, "_vllm_compat_aux", None)
+        if aux is None or native is None:
+            raise RuntimeError("no aux hidden states in execute_model_state (was the aux path "
+                               "configured before load?)")
+        if len(aux) != len(native):
+            raise RuntimeError(f"model returned {len(aux)} aux states for ids {native}")
+        by_id = dict(zip(native, aux))  # vLLM returns them in ascending layer order
+    else:
+        by_id = worker._vllm_compat_hooks.buf
+    lay = _layout(runner, num_scheduled)
+    if not lay.req_ids:
+        return {}
+    total = lay.total
+    stacked = torch.stack([by_id[k][:total] for k in want], dim=1).to("cpu")
+    return {r: stacked[s:e].clone() for r, s, e in zip(lay.req_ids, lay.starts, lay.ends)}
+
+
+# --------------------------------------------------------------------------- engine side
+
+
+def _engine_args_fields() -> set[str]:
+    from vllm.engine.arg_utils import EngineArgs
+    return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def _set_env(**values: str) -> dict[str, str | None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    return old
+
+
+def _restore_env(old: Mapping[str, str | None]) -> None:
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _reset_envs_cache() -> None:
+    # 0.2x: EngineCore.__init__ calls envs.enable_envs_cache(), freezing env reads for the
+    # rest of the process; a second LLM must see our variables again.
+    import vllm.envs as envs
+    fn = getattr(envs, "disable_envs_cache", None)
+    if fn is not None:
+        fn()
+
+
+class Session:
+    """An in-process ``LLM`` driven step by step; ``add`` prompts, ``step`` collects chunks."""
+
+    def __init__(self, model_path: str, cfg: Mapping[str, Any], layer_ids: Sequence[int],
+                 num_layers: int, *, backend: str = "auto", tensor_parallel_size: int = 1,
+                 max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
+                 enforce_eager: bool = False, gpu_memory_utilization: float = 0.5,
+                 llm_kwargs: Mapping[str, Any] | None = None) -> None:
+        kw = dict(llm_kwargs or {})
+        if kw.get("enable_prefix_caching"):
+            raise ValueError("enable_prefix_caching=True: cached prompt tokens are not recomputed, "
+                             "so their hidden states would be missing; leave it off")
+        if kw.get("pipeline_parallel_size", 1) != 1:
+            raise ValueError("pipeline_parallel_size > 1 is not supported")
+        self.plan = plan(model_path, cfg, layer_ids, num_layers, backend=backend,
+                         enforce_eager=enforce_eager)
+        self.num_layers = num_layers
+        self.layer_ids = tuple(layer_ids)
+        self._tmpdir: str | None = None
+        fields = _engine_args_fields()
+        args: dict[str, Any] = dict(
+            model=model_path, skip_tokenizer_init=True, enable_prefix_caching=False,
+            tensor_parallel_size=tensor_parallel_size, enforce_eager=self.plan.enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization, seed=0,
+        )
+        if "async_scheduling" in fields:  # 0.11+: we drive execute/sample in lockstep
+            args["async_scheduling"] = False
+        if max_model_len is not None:
+            args["max_model_len"] = max_model_len
+        if max_num_batched_tokens is not None:
+            args["max_num_batched_tokens"] = max_num_batched_tokens
+            args["enable_chunked_prefill"] = True
+            if "max_num_seqs" not in kw:
+                args["max_num_seqs"] = max(1, min(256, max_num_batched_tokens))
+        if self.plan.mode == "native":
+            self._tmpdir = tempfile.mkdtemp(prefix="vllm-compat-hs-")
+            ids = list(self.plan.native_ids)
+            args["speculative_config"] = {
+                "method": "extract_hidden_states", "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
+            }
+            args["kv_transfer_config"] = {
+                "kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": self._tmpdir},
+            }
+        args.update(kw)
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        if not args["enforce_eager"]:
+            # The aux layers live on the model object, not in the config hash: a compile
+            # cache from a run with other layers would be reused silently. Recompile.
+            env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+        if tensor_parallel_size > 1 and "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ:
+            # TP workers must inherit the wrapped load_model: fork, not spawn (CUDA must
+            # not be initialised in this process before the LLM is built).
+            env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        old = _set_env(**env)
+        _reset_envs_cache()
+        try:
+            with _aux_configured(self.plan.native_ids if self.plan.mode == "aux" else None):
+                self.llm = LLM(**args)
+        finally:
+            _restore_env({k: v for k, v in old.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"})
+        engine = self.llm.llm_engine
+        client = engine.engine_core
+        self.core = getattr(client, "engine_core", None)
+        if self.plan.mode != "native" and self.core is None:
+            raise RuntimeError(f"expected an in-process engine core, got {type(client).__name__} "
+                               "(VLLM_ENABLE_V1_MULTIPROCESSING=0 was ignored?)")
+        self.executor = self.core.model_executor if self.core is not None else None
+        if self.plan.mode == "hooks":
+            collective_rpc(self.executor, _worker_install_hooks, args=(self.layer_ids,))
+        self.info = collective_rpc(self.executor, _worker_describe, rank=0) \
+            if self.executor is not None else {}
+        if self.plan.mode == "aux" and not self.info.get("use_aux"):
+            raise RuntimeError(f"aux capture was not configured on the worker: {self.info}")
+        self.info = dict(self.info, mode=self.plan.mode, note=self.plan.note,
+                         vllm=vllm.__version__, tp=tensor_parallel_size,
+                         enforce_eager=self.plan.enforce_eager)
+        self._block_hasher = getattr(self.core, "request_block_hasher", None)
+        self._sp = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+
+    # ---- aux / hooks: we drive the engine core
+
+    def add(self, req_id: str, token_ids: Sequence[int]) -> None:
+        req = make_request(req_id, token_ids, sampling_params=self._sp,
+                           block_hasher=self._block_hasher)
+        self.core.scheduler.add_request(req)
+
+    def abort(self, req_ids: Iterable[str]) -> None:
+        from vllm.v1.request import RequestStatus
+        self.core.scheduler.finish_requests(list(req_ids), RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.core.scheduler.has_unfinished_requests())
+
+    def step(self) -> dict[str, torch.Tensor]:
+        sched = self.core.scheduler
+        so = schedule(sched)
+        if so.total_num_scheduled_tokens == 0:
+            raise RuntimeError("the scheduler scheduled nothing while requests are pending "
+                               "(KV cache too small for one prompt?)")
+        ex = self.executor
+        out = resolve_output(ex.execute_model(so))
+        chunks = collective_rpc(ex, _worker_collect, args=(
+            dict(so.num_scheduled_tokens), self.plan.mode, self.layer_ids), rank=0)
+        if out is None and hasattr(ex, "sample_tokens"):  # 0.11.2+: two-phase step
+            out = resolve_output(ex.sample_tokens(grammar_output(sched, so)))
+        if out is None:
+            raise RuntimeError("execute_model failed (sample_tokens returned None)")
+        sched.update_from_output(so, out)
+        return chunks or {}
+
+    # ---- native: vLLM's own extract_hidden_states + connector
+
+    def run_native(self, batch: Sequence[tuple[str, Sequence[int]]]) -> list[torch.Tensor]:
+        from vllm.inputs import TokensPrompt
+        conn_mod = sys.modules.get(
+            "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector")
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for _, ids in batch]
+        outs = self.llm.generate(prompts, self._sp, use_tqdm=False)
+        order = self.plan.native_ids
+        pos = [order.index(k) for k in self.layer_ids]
+        res = []
+        for o, (_, ids) in zip(outs, batch):
+            path = (o.kv_transfer_params or {}).get("hidden_states_path")
+            if path is None:
+                raise RuntimeError("no hidden_states_path in kv_transfer_params")
+            load = getattr(conn_mod, "load_hidden_states", None)  # 0.22.1+: waits on lock
+            if load is not None:
+                data = load(path)
+            else:
+                from safetensors.torch import load_file
+                data = load_file(path, device="cpu")
+            hs = data["hidden_states"][: len(ids)]
+            res.append(hs[:, pos].clone())
+            for p in (path, path + ".lock"):
+                with contextlib.suppress(OSError):
+                    os.remove(p)
+        return res
+
+    # ---- helpers for tests / callers
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float | None]]:
+        """vLLM's own prompt logprobs of the actual prompt tokens (``llm.generate``)."""
+        from vllm.inputs import TokensPrompt
+        sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sp,
+                                 use_tqdm=False)
+        res = []
+        for o, p in zip(outs, prompts):
+            row: list[float | None] = []
+            for t, d in zip(p, o.prompt_logprobs):
+                row.append(None if d is None else float(d[t].logprob))
+            res.append(row)
+        return res
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        with contextlib.suppress(Exception):
+            llm.llm_engine.engine_core.shutdown()
+        self.llm = None  # type: ignore[assignment]
+        self.core = self.executor = None
+        del llm
+        gc.collect()
+        with contextlib.suppress(Exception):
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+            cleanup_dist_env_and_memory()
+        with contextlib.suppress(Exception):
+            torch.cuda.empty_cache()
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
