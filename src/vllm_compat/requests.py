@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Any, Callable, Sequence
 
 from .detect import adapter
@@ -19,18 +20,29 @@ AUTO: Any = _Auto()
 
 
 def _check_prompt(prompt_token_ids: Sequence[int], vocab_size: int | None) -> list[int]:
+    """Plain Python ints (numpy/torch scalars would hash differently), validated in C."""
     ids = list(prompt_token_ids)
     if not ids:
         raise VllmCompatError("prompt_token_ids is empty: a request needs at least one token")
-    for i, t in enumerate(ids):
-        if isinstance(t, bool) or not isinstance(t, int) and not hasattr(t, "__index__"):
-            raise VllmCompatError(f"prompt_token_ids[{i}] is {t!r}, not an integer token id")
-        t = int(t)
-        if t < 0 or (vocab_size is not None and t >= vocab_size):
-            bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
-            raise VllmCompatError(f"prompt_token_ids[{i}] = {t} is outside the vocabulary {bound}")
-        ids[i] = t
-    return ids
+    try:
+        arr = array("q", ids)  # rejects floats, strings, None; accepts __index__ scalars
+    except (TypeError, OverflowError):
+        i, t = next((i, t) for i, t in enumerate(ids) if not _is_token(t))
+        raise VllmCompatError(f"prompt_token_ids[{i}] is {t!r}, not an integer token id") from None
+    if min(arr) < 0 or (vocab_size is not None and max(arr) >= vocab_size):
+        i, t = next((i, t) for i, t in enumerate(arr)
+                    if t < 0 or (vocab_size is not None and t >= vocab_size))
+        bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+        raise VllmCompatError(f"prompt_token_ids[{i}] = {t} is outside the vocabulary {bound}")
+    return arr.tolist()
+
+
+def _is_token(t: Any) -> bool:
+    try:
+        array("q", [t])
+        return True
+    except (TypeError, OverflowError):
+        return False
 
 
 def make_request(

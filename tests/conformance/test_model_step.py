@@ -82,6 +82,9 @@ class StandInWorker:
     def rank(self):
         return 0
 
+    def shutdown(self):  # the executor's __del__ calls it
+        pass
+
     def async_value(self):
         return make_async("resolved")
 

@@ -151,8 +151,13 @@ _OWN_REQUEST_PARAMS = {"request_id", "prompt_token_ids", "sampling_params", "poo
 def prepare_sampling_params(
     sampling_params: SamplingParams | None, eos_token_id: int | None
 ) -> SamplingParams:
-    """Copy (never mutate) the caller's params and apply the eos token as the engine would."""
-    sp = SamplingParams(max_tokens=1) if sampling_params is None else sampling_params.clone()
+    """Apply the eos token as the engine would, on a copy: the caller's params are never mutated."""
+    if sampling_params is None:
+        sp = SamplingParams(max_tokens=1)
+    elif eos_token_id is not None:
+        sp = sampling_params.clone()
+    else:
+        sp = sampling_params  # used as is, like the raw constructor (Request does not mutate it)
     if sp.max_tokens is None:
         # Request asserts max_tokens is set (every release); the engine fills it from
         # max_model_len, which a bare Request does not know.
@@ -164,6 +169,11 @@ def prepare_sampling_params(
     return sp
 
 
+@lru_cache(maxsize=None)
+def _request_params() -> frozenset[str]:
+    return frozenset(_params(Request.__init__))
+
+
 def request_kwargs(
     request_id: str,
     prompt_token_ids: Sequence[int],
@@ -173,7 +183,7 @@ def request_kwargs(
     block_hasher: Callable[[Request], list[bytes]] | None,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
-    accepted = _params(Request.__init__)
+    accepted = _request_params()
     unknown = sorted(k for k in extra if k not in accepted or k in _OWN_REQUEST_PARAMS)
     if unknown:
         raise VllmCompatError(
