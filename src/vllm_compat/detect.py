@@ -12,7 +12,7 @@ from typing import Any
 from packaging.version import Version
 
 from . import versions
-from .errors import VllmNotInstalledError
+from .errors import UnsupportedVllmVersionError, VllmNotInstalledError
 
 _lock = threading.Lock()
 _cached: tuple["VllmInfo", ModuleType] | None = None
@@ -90,7 +90,12 @@ def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
             raise VllmNotInstalledError(f"vLLM {text} is installed but cannot be imported: {exc}") from exc
         probes = shared.probes()
         routing = versions.route(v, probes)
-        module = load(routing.era.module)
+        try:
+            module = load(routing.era.module)
+        except ImportError as exc:  # only reachable when VLLM_COMPAT_ADAPTER forces a wrong era
+            raise UnsupportedVllmVersionError(
+                f"adapter '{routing.era.name}' ({routing.reason}) cannot run on vLLM {text}: {exc}"
+            ) from exc
         base = versions.base_version(v)
         info = VllmInfo(
             version=text, base_version=str(base), is_prerelease=v.is_prerelease or v.is_devrelease,

@@ -3,7 +3,9 @@
 ``ours``: vllm_compat.make_request with its default hasher.
 ``engine``: vLLM's engine-core sequence (get_hash_fn_by_name -> init_none_hash ->
 get_request_block_hasher -> Request.from_engine_core_request), as EngineCore does it.
-Usage: python hash_probe.py ALGO BLOCK_SIZE ORDER   (ORDER: ours-first | engine-first | raw-no-init)
+Usage: python hash_probe.py ALGO BLOCK_SIZE ORDER   (ORDER: ours-first | engine-first | raw-then-engine)
+``raw-then-engine`` first hashes without init_none_hash, as old fork code did (expected to
+fail), then runs the engine-first path in the same process.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ def main() -> None:
     algo, block_size, order = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     tokens = list(range(100, 100 + 3 * block_size + 5))
     out: dict[str, object] = {}
-    if order == "raw-no-init":
+    if order == "raw-then-engine":
         # What fork code did before it learned about init_none_hash: hash without it.
         try:
-            out["engine"] = engine_path_hashes(algo, block_size, tokens, init=False)
+            out["raw_without_init"] = engine_path_hashes(algo, block_size, tokens, init=False)
         except Exception as exc:  # noqa: BLE001 - the failure is the result
             out["error"] = f"{type(exc).__name__}: {exc}"
-    elif order == "ours-first":
+        order = "engine-first"
+    if order == "ours-first":
         import vllm_compat as vc
         from vllm_compat.hashing import none_hash_init_count
 
