@@ -1,0 +1,33 @@
+"""Drop-in replacements for speculators 0.3/0.4's vLLM-driving data generation.
+
+Change one import in a speculators 0.3.0 / 0.4.x fork::
+
+    # from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+    from vllm_compat.speculators import VllmHiddenStatesGenerator
+
+and the generator runs on every vLLM release vllm_compat supports, with the 0.3/0.4 bugs
+fixed (input order, tensor truthiness, layer-index convention; see
+``docs/migration-speculators.md``). Importing this package imports neither vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+from .config_generator import DataGenerationConfig
+from .layers import (
+    default_layer_ids,
+    from_legacy,
+    legacy_default_layer_ids,
+    to_legacy,
+)
+from .vllm_hidden_states_generator import (
+    VllmHiddenStatesGenerator,
+    prepare_prompts,
+    resolve_layer_ids,
+    samples_to_results,
+)
+
+__all__ = [
+    "DataGenerationConfig", "VllmHiddenStatesGenerator", "default_layer_ids", "from_legacy",
+    "legacy_default_layer_ids", "prepare_prompts", "resolve_layer_ids", "samples_to_results",
+    "to_legacy",
+]

@@ -1,0 +1,404 @@
+"""speculators' ``scripts/data_generation_offline.py`` flow ("data format v1") on vllm_compat.
+
+Tokenized samples (``input_ids`` + ``loss_mask``) go through
+:class:`VllmHiddenStatesGenerator` in batches; each sample is written to
+``<output-dir>/data_{i}.pt`` as ``torch.save({"input_ids": LongTensor[T],
+"hidden_states": [Tensor[T, H]] * K, "loss_mask": LongTensor[T]})``, plus
+``sample_lengths.json`` (``{"i": T}``, 0.4.0) and ``data_config.json``. This is the layout
+speculators 0.3/0.4's ``Eagle3SampleFileDataset`` trains from.
+
+Command line (the same flags as speculators 0.4.0's script, plus ``--legacy-layer-indices``,
+``--max-num-batched-tokens`` and ``--max-model-len``)::
+
+    python -m vllm_compat.speculators.offline --target-model-path MODEL \\
+        --train-data-path tokenized.jsonl --output-dir ./training_data [--batch-size 16]
+
+``--train-data-path`` is one of:
+
+* a ``.jsonl`` / ``.json`` file of records with ``input_ids`` (and optionally
+  ``loss_mask``; all ones when absent);
+* a directory written by ``datasets.Dataset.save_to_disk`` (needs ``datasets``);
+* anything else (a dataset name or raw chat JSON): tokenized with speculators' own
+  ``load_and_preprocess_dataset`` (needs the ``speculators`` extra), exactly as the
+  original script does.
+
+Differences from the original, all fixes: results are paired with their loss masks in
+input order; files are written atomically (a resumed run never sees a truncated
+``data_{i}.pt``); ``sample_lengths.json`` is merged on resume instead of overwritten.
+Reading uses ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FILE_PATTERN", "TokenizedDataset", "batch_to_samples", "find_last_checkpoint",
+    "generate_and_save_hidden_states", "iter_data_dir", "load_sample", "load_tokenized_dataset",
+    "main", "parse_args", "save_config", "save_sample_to_disk", "save_token_frequency",
+    "update_sample_lengths",
+]
+
+log = logging.getLogger(__name__)
+
+FILE_PATTERN = "data_{idx}.pt"
+MAX_IO_WORKERS = 4  # parallel file writes, as in speculators
+
+
+# --------------------------------------------------------------------------- input
+
+
+class TokenizedDataset:
+    """Columns ``input_ids`` / ``loss_mask``; ``ds[i:j]`` gives a dict of column slices."""
+
+    def __init__(self, input_ids: list[list[int]], loss_mask: list[list[int]]):
+        if len(input_ids) != len(loss_mask):
+            raise ValueError("input_ids and loss_mask have different lengths")
+        for i, (ids, mask) in enumerate(zip(input_ids, loss_mask)):
+            if len(ids) != len(mask):
+                raise ValueError(f"sample {i}: {len(ids)} input_ids but {len(mask)} loss_mask")
+        self.input_ids = input_ids
+        self.loss_mask = loss_mask
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __getitem__(self, key: slice) -> dict[str, list[list[int]]]:
+        if not isinstance(key, slice):
+            raise TypeError("index a TokenizedDataset with a slice, like datasets.Dataset")
+        return {"input_ids": self.input_ids[key], "loss_mask": self.loss_mask[key]}
+
+
+def _ints(v: Any) -> list[int]:
+    return [int(x) for x in (v.tolist() if hasattr(v, "tolist") else v)]
+
+
+def _read_records(path: Path) -> list[dict]:
+    text = path.read_text()
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        return list(json.loads(text))
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def load_tokenized_dataset(path: str, *, max_samples: int | None = None, seed: int = 0,
+                           shuffle: bool = False) -> TokenizedDataset | Any:
+    """Tokenized samples from a JSON(L) file or a ``save_to_disk`` directory.
+
+    Raises ``FileNotFoundError`` when ``path`` is neither (the caller then falls back to
+    speculators' preprocessing). ``shuffle`` uses ``seed``; ``max_samples`` keeps the first N.
+    """
+    p = Path(path)
+    if p.is_file() and p.suffix in {".jsonl", ".json"}:
+        records = _read_records(p)
+        if records and "input_ids" not in records[0]:
+            raise FileNotFoundError(f"{path} holds no 'input_ids': not tokenized")
+        if shuffle:
+            random.Random(seed).shuffle(records)
+        if max_samples is not None:
+            records = records[:max_samples]
+        ids = [_ints(r["input_ids"]) for r in records]
+        masks = [_ints(r["loss_mask"]) if r.get("loss_mask") is not None else [1] * len(i)
+                 for r, i in zip(records, ids)]
+        return TokenizedDataset(ids, masks)
+    if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "state.json").exists()):
+        import datasets
+
+        ds = datasets.load_from_disk(str(p))
+        if shuffle:
+            ds = ds.shuffle(seed=seed)
+        if max_samples is not None and len(ds) > max_samples:
+            ds = ds.select(range(max_samples))
+        if "loss_mask" not in ds.column_names:
+            ds = ds.map(lambda r: {"loss_mask": [1] * len(r["input_ids"])})
+        return TokenizedDataset([_ints(x) for x in ds["input_ids"]],
+                                [_ints(x) for x in ds["loss_mask"]])
+    raise FileNotFoundError(f"{path} is not a tokenized JSON(L) file or save_to_disk directory")
+
+
+def save_token_frequency(dataset: TokenizedDataset, output_path: str) -> str:
+    """``{token_id: count}`` over loss-masked tokens, ``torch.save``d (kept if it exists),
+    the input of speculators' ``build_vocab_mapping``."""
+    import torch
+
+    path = Path(output_path)
+    if path.exists():
+        return output_path
+    freq: dict[int, int] = {}
+    for ids, mask in zip(dataset.input_ids, dataset.loss_mask):
+        for t, m in zip(ids, mask):
+            if m:
+                freq[t] = freq.get(t, 0) + 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(freq, path)
+    return output_path
+
+
+# --------------------------------------------------------------------------- output
+
+
+def find_last_checkpoint(output_dir: str) -> int:
+    """One past the highest ``data_{i}.pt`` index in ``output_dir`` (0 when none)."""
+    out = Path(output_dir)
+    if not out.exists():
+        return 0
+    top = -1
+    for f in out.iterdir():
+        if f.name.startswith("data_") and f.suffix == ".pt":
+            try:
+                top = max(top, int(f.stem[5:]))
+            except ValueError:
+                continue
+    return top + 1
+
+
+def _check_tensors(data: dict) -> None:
+    import torch
+
+    for k, v in data.items():
+        vals = v if isinstance(v, list) else [v]
+        if not vals or not all(isinstance(t, torch.Tensor) for t in vals):
+            raise TypeError(f"{k!r} must be a tensor or a non-empty list of tensors")
+
+
+def save_sample_to_disk(data_dict: dict, output_path: str | os.PathLike) -> str | os.PathLike:
+    """``torch.save`` one sample (tensors only) atomically: temp file, then rename."""
+    import torch
+
+    _check_tensors(data_dict)
+    out = Path(output_path)
+    tmp = out.with_name(f".{out.name}.tmp")
+    torch.save(data_dict, tmp)
+    os.replace(tmp, out)
+    return output_path
+
+
+def load_sample(path: str | os.PathLike, *, mmap: bool = False) -> dict:
+    """Read a ``data_{i}.pt`` sample with ``torch.load(weights_only=True)``."""
+    import torch
+
+    return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
+
+
+def iter_data_dir(output_dir: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """``(i, sample)`` for every ``data_{i}.pt`` in index order."""
+    found = []
+    for f in Path(output_dir).iterdir():
+        if f.name.startswith("data_") and f.suffix == ".pt":
+            try:
+                found.append((int(f.stem[5:]), f))
+            except ValueError:
+                continue
+    for i, f in sorted(found):
+        yield i, load_sample(f)
+
+
+def batch_to_samples(results: Sequence[dict], batch_loss_mask: Sequence[Any]) -> list[dict]:
+    """Pair ``generate`` result j with loss mask j (cut to the possibly truncated length)."""
+    import torch
+
+    if len(results) != len(batch_loss_mask):
+        raise ValueError(f"{len(results)} results for {len(batch_loss_mask)} loss masks")
+    samples = []
+    for result, mask in zip(results, batch_loss_mask):
+        input_ids = torch.as_tensor(result["input_ids"], dtype=torch.long)
+        n = int(input_ids.shape[0])
+        mask_t = torch.as_tensor(_ints(mask)[:n], dtype=torch.long)
+        if mask_t.shape[0] != n:
+            raise ValueError(f"loss mask has {mask_t.shape[0]} entries for {n} tokens")
+        hs = [h.contiguous() for h in result["hidden_states"]]
+        if any(h.shape[0] != n for h in hs):
+            raise ValueError("hidden states and input_ids disagree on the sequence length")
+        samples.append({"input_ids": input_ids, "hidden_states": hs, "loss_mask": mask_t})
+    return samples
+
+
+def update_sample_lengths(output_dir: str | os.PathLike, lengths: dict[int, int]) -> Path:
+    """Merge ``{file_idx: T}`` into ``sample_lengths.json`` (keys are strings, as json writes)."""
+    path = Path(output_dir) / "sample_lengths.json"
+    merged: dict[str, int] = {}
+    if path.exists():
+        merged.update(json.loads(path.read_text()))
+    merged.update({str(k): int(v) for k, v in lengths.items()})
+    ordered = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
+    path.write_text(json.dumps(ordered, indent=2))
+    return path
+
+
+def save_config(args: argparse.Namespace, generator: Any, num_samples: int,
+                output_dir: str, hidden_dtype: str = "torch.bfloat16") -> Path:
+    """Write ``data_config.json`` (see :mod:`vllm_compat.speculators.config_generator`)."""
+    from .config_generator import DataGenerationConfig
+
+    cache_dir = args.hf_cache_dir or os.environ.get("HF_DATASETS_CACHE", "")
+    config = DataGenerationConfig.from_generator(
+        generator=generator, train_data_path=args.train_data_path, seq_length=args.seq_length,
+        cache_dir=str(cache_dir), num_samples=num_samples, max_samples=args.max_samples,
+        seed=args.seed, hidden_dtype=hidden_dtype)
+    path = Path(output_dir) / "data_config.json"
+    path.write_text(json.dumps(config.to_dict(), indent=2))
+    return path
+
+
+# --------------------------------------------------------------------------- flow
+
+
+def make_generator(args: argparse.Namespace) -> Any:
+    from .vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+    return VllmHiddenStatesGenerator(
+        model_path=args.target_model_path, layer_ids=args.layer_ids,
+        max_model_len=args.max_model_len or args.seq_length,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        legacy_layer_indices=args.legacy_layer_indices,
+    )
+
+
+def generate_and_save_hidden_states(args: argparse.Namespace, dataset: Any,
+                                    generator: Any = None) -> int:
+    """Run the generator over ``dataset`` in batches and write the v1 files. Returns the count.
+
+    Resumes after the highest existing ``data_{i}.pt`` (``--start-idx`` offsets file names).
+    ``generator`` may be passed to reuse a running engine; otherwise one is built from args
+    and shut down at the end.
+    """
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    start_file_idx = max(find_last_checkpoint(args.output_dir), args.start_idx)
+    num_samples = len(dataset)
+    start_sample_idx = start_file_idx - args.start_idx
+    if start_sample_idx >= num_samples:
+        log.info("All samples already processed")
+        return 0
+    if start_sample_idx > 0:
+        log.info("Resuming: %d samples already written", start_sample_idx)
+    owned = generator is None
+    if owned:
+        generator = make_generator(args)
+    try:
+        return _generate_and_save(args, dataset, generator, out, start_file_idx,
+                                  start_sample_idx, num_samples)
+    finally:
+        if owned:
+            generator.shutdown()
+
+
+def _generate_and_save(args: argparse.Namespace, dataset: Any, generator: Any, out: Path,
+                       start_file_idx: int, start_sample_idx: int, num_samples: int) -> int:
+    file_idx = start_file_idx
+    lengths: dict[int, int] = {}
+    hidden_dtype = "torch.bfloat16"
+    with ThreadPoolExecutor(max_workers=MAX_IO_WORKERS) as pool:
+        futures = []
+        for i in range(start_sample_idx, num_samples, args.batch_size):
+            batch = dataset[i:min(i + args.batch_size, num_samples)]
+            results = generator.generate(batch["input_ids"])
+            for sample in batch_to_samples(results, batch["loss_mask"]):
+                lengths[file_idx] = int(sample["input_ids"].shape[0])
+                hidden_dtype = str(sample["hidden_states"][0].dtype)
+                futures.append(pool.submit(save_sample_to_disk, sample,
+                                           out / FILE_PATTERN.format(idx=file_idx)))
+                file_idx += 1
+            log.info("generated %d/%d", min(i + args.batch_size, num_samples), num_samples)
+        for f in futures:
+            f.result()
+    update_sample_lengths(out, lengths)
+    save_config(args, generator, num_samples, args.output_dir, hidden_dtype)
+    return file_idx - start_file_idx
+
+
+def _default_tp() -> int:
+    try:
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    except ImportError:
+        return 1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m vllm_compat.speculators.offline",
+        description="Generate EAGLE-3 training data offline (speculators 0.3/0.4 data format v1)")
+    p.add_argument("--target-model-path", required=True)
+    p.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="default: number of visible GPUs")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    p.add_argument("--train-data-path", required=True,
+                   help="tokenized .jsonl/.json, a save_to_disk dir, or raw data for speculators' "
+                        "preprocessing")
+    p.add_argument("--seq-length", type=int, default=2048)
+    p.add_argument("--max-samples", type=int, default=None)
+    p.add_argument("--token-freq-path", default="./token_freq.pt")
+    p.add_argument("--hf-cache-dir", default=None)
+    p.add_argument("--assistant-pattern", default=None)
+    p.add_argument("--turn-dropout", action="store_true")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--layer-ids", type=int, nargs="+", default=None)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-idx", type=int, default=0)
+    p.add_argument("--num-preprocessing-workers", type=int, default=8)
+    # vllm_compat additions
+    p.add_argument("--legacy-layer-indices", action=argparse.BooleanOptionalAction, default=None,
+                   help="read --layer-ids as speculators 0.3/0.4 did (output of layer i); "
+                        "default: vLLM/EAGLE-3 convention (state entering layer k)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="default: --seq-length (as speculators)")
+    args = p.parse_args(argv)
+    if args.tensor_parallel_size is None:
+        args.tensor_parallel_size = _default_tp()
+    if args.batch_size < 1:
+        p.error("--batch-size must be >= 1")
+    return args
+
+
+def load_dataset_for(args: argparse.Namespace) -> Any:
+    """Tokenized input when the path holds it; otherwise speculators' own preprocessing."""
+    try:
+        ds = load_tokenized_dataset(args.train_data_path, max_samples=args.max_samples,
+                                    seed=args.seed)
+    except FileNotFoundError:
+        try:
+            from speculators.data_generation.preprocessing import load_and_preprocess_dataset
+        except ImportError as exc:
+            raise SystemExit(
+                f"{args.train_data_path} is not tokenized input (.jsonl/.json with input_ids, or "
+                f"a save_to_disk dir); raw data needs speculators' preprocessing: "
+                f"pip install 'vllm-compat[speculators]' ({exc})") from None
+        ds, _ = load_and_preprocess_dataset(
+            target_model_path=args.target_model_path, train_data_path=args.train_data_path,
+            seq_length=args.seq_length, build_dataset_num_proc=args.num_preprocessing_workers,
+            seed=args.seed, max_samples=args.max_samples, token_freq_path=args.token_freq_path,
+            cache_dir=args.hf_cache_dir, assistant_pattern=args.assistant_pattern,
+            turn_dropout=args.turn_dropout)
+        return ds
+    save_token_frequency(ds, args.token_freq_path)
+    return ds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s - %(name)s - %(levelname)s - %(message)s")
+    # vLLM workers must not fork a process that has touched CUDA (speculators #223).
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    args = parse_args(argv)
+    dataset = load_dataset_for(args)
+    n = generate_and_save_hidden_states(args, dataset)
+    log.info("Saved %d files to %s", n, args.output_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
