@@ -66,6 +66,10 @@ _RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_
 # What the wrapped load_model should configure (set only while an LLM is being built; a
 # forked TP worker inherits it).
 _PENDING: dict[str, Any] | None = None
+# Spawned TP workers inherit the environment, not _PENDING: the layer ids travel in this
+# variable, and AuxWorkerExtension (vLLM's worker_extension_cls, imported by every worker
+# before load_model) makes the worker import this module, which wraps load_model.
+_ENV_AUX = "VLLM_COMPAT_AUX_LAYERS"
 
 
 # --------------------------------------------------------------------------- planning
@@ -124,8 +128,18 @@ def plan(model_path: str, cfg: Mapping[str, Any], layer_ids: Sequence[int], num_
     cls = _model_class(model_path, cfg)
     name = cls.__name__ if cls is not None else "?"
     ids = tuple(layer_ids)
-    srt = tuple(sorted(ids))
+    srt = tuple(sorted(set(ids) - {0}))
     supported = native_aux_ids(cls, num_layers)
+    # 0.10.2: execute_model is the whole step and the runner keeps no execute_model_state
+    # (the aux states are dropped inside it): only hooks can see them (drift map E.2).
+    if VLLM_VERSION < Version("0.11.2"):
+        supported = frozenset()
+    if supported:
+        # id 0 (embeddings) is never taken from vLLM's aux list: EagleModelMixin's entry 0
+        # is the embeddings tensor itself, which the first fused add-RMSNorm then updates
+        # in place as the residual (seen on 0.26.0, eager: rel. error 3.0 vs HF). We
+        # recompute it with the model's own embed function in _worker_collect instead.
+        supported = supported | {0}
     note = ""
     if backend == "native":
         if VLLM_VERSION < Version("0.17.1"):
@@ -140,6 +154,11 @@ def plan(model_path: str, cfg: Mapping[str, Any], layer_ids: Sequence[int], num_
         elif not set(ids) <= supported:
             raise ValueError(f"backend='native': {name} on vLLM {vllm.__version__} cannot "
                              f"return layer ids {sorted(set(ids) - supported)}")
+        elif 0 in ids:
+            raise ValueError(
+                "backend='native' cannot return layer id 0: vLLM's aux entry 0 is the "
+                "embeddings tensor that the first fused add-RMSNorm updates in place as the "
+                "residual; use backend='auto' (it recomputes the embeddings)")
         else:
             return Plan("native", ids, srt, enforce_eager, name)
     if backend in ("auto", "aux") and set(ids) <= supported:
@@ -176,8 +195,6 @@ def _enable_aux(runner: Any, ids: tuple[int, ...]) -> None:
     L = len(getattr(inner, "layers", ()))
     is_mixin = EagleModelMixin is not None and isinstance(inner, EagleModelMixin)
     # Cross-check of plan(): the class-level guess must match the loaded inner model.
-    if 0 in ids and not is_mixin:
-        raise RuntimeError(f"{type(inner).__name__}'s aux path cannot return id 0 (embeddings)")
     ds_final = (DeepseekV2Model is not None and isinstance(inner, DeepseekV2Model)
                 and VLLM_VERSION >= Version("0.25.1"))
     if L in ids and not (is_mixin or ds_final):
@@ -191,18 +208,17 @@ def _wrap_load_model(orig: Any) -> Any:
     @functools.wraps(orig)
     def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, *args, **kwargs)
-        pending = _PENDING
-        if pending is not None and pending.get("aux"):
-            _enable_aux(self, tuple(pending["aux"]))
+        ids = (_PENDING or {}).get("aux")
+        if not ids and os.environ.get(_ENV_AUX):
+            ids = tuple(int(x) for x in os.environ[_ENV_AUX].split(","))
+        if ids:
+            _enable_aux(self, tuple(ids))
         return out
     load_model._vllm_compat_orig = orig  # type: ignore[attr-defined]
     return load_model
 
 
-@contextlib.contextmanager
-def _aux_configured(ids: tuple[int, ...] | None) -> Iterator[None]:
-    """Wrap the runners' load_model so aux layers are set before warm-up / compile."""
-    global _PENDING
+def _patch_runners() -> list[tuple[type, Any]]:
     patched: list[tuple[type, Any]] = []
     import importlib
     for modname in _RUNNER_MODULES:
@@ -214,8 +230,26 @@ def _aux_configured(ids: tuple[int, ...] | None) -> Iterator[None]:
         if cls is None or "load_model" not in vars(cls):
             continue
         orig = vars(cls)["load_model"]
+        if getattr(orig, "_vllm_compat_orig", None) is not None:
+            continue  # already wrapped (worker process)
         setattr(cls, "load_model", _wrap_load_model(orig))
         patched.append((cls, orig))
+    return patched
+
+
+class AuxWorkerExtension:
+    """Empty ``worker_extension_cls``: importing it in a worker wraps load_model (see below)."""
+
+
+if os.environ.get(_ENV_AUX):  # a worker process of an extraction engine (TP > 1, spawn)
+    _patch_runners()
+
+
+@contextlib.contextmanager
+def _aux_configured(ids: tuple[int, ...] | None) -> Iterator[None]:
+    """Wrap the runners' load_model so aux layers are set before warm-up / compile."""
+    global _PENDING
+    patched = _patch_runners()
     _PENDING = {"aux": ids} if ids else None
     try:
         yield
@@ -289,9 +323,9 @@ def _worker_describe(worker: Any) -> dict[str, Any]:
 def _layout(runner: Any, num_scheduled: Mapping[str, int]) -> BatchLayout:
     st = getattr(runner, "execute_model_state", None)
     ib = getattr(st, "input_batch", None)
+    # Model Runner V2 (0.18.1+ ExecuteModelState.input_batch): requests sorted
+    # decode -> short -> prefill (sort_batch_req_ids), offsets in query_start_loc.
     if ib is not None and hasattr(ib, "query_start_loc_np"):
-        # Model Runner V2 (0.18.1+ ExecuteModelState.input_batch): requests sorted
-        # decode -> short -> prefill (sort_batch_req_ids), offsets in query_start_loc.
         qsl = [int(x) for x in ib.query_start_loc_np[: len(ib.req_ids) + 1]]
         lay = BatchLayout(tuple(ib.req_ids), tuple(qsl[:-1]), tuple(qsl[1:]))
         for r, s, e in zip(lay.req_ids, lay.starts, lay.ends):
@@ -304,22 +338,40 @@ def _layout(runner: Any, num_scheduled: Mapping[str, int]) -> BatchLayout:
     return split_batch(list(runner.input_batch.req_ids), num_scheduled)
 
 
+def _embed(model: Any, flat_ids: list[int]) -> torch.Tensor:
+    # F.2: embed_input_ids from 0.11.2; get_input_embeddings on 0.10.2.
+    fn = getattr(model, "embed_input_ids", None) or model.get_input_embeddings
+    dev = next(model.parameters()).device
+    with torch.inference_mode():
+        return fn(torch.tensor(flat_ids, dtype=torch.long, device=dev))
+
+
 def _worker_collect(worker: Any, num_scheduled: dict[str, int], mode: str,
-                    want: tuple[int, ...]) -> dict[str, torch.Tensor] | None:
+                    want: tuple[int, ...],
+                    chunk_ids: dict[str, list[int]] | None = None
+                    ) -> dict[str, torch.Tensor] | None:
     """Per-request ``[n_tokens, len(want), hidden]`` CPU tensors of this step (rank 0 only)."""
+    runner = worker.model_runner
+    emb = None
+    if chunk_ids is not None:
+        # Every rank: the vocab-parallel embedding all-reduces under TP.
+        lay = _layout(runner, num_scheduled)
+        emb = _embed(runner.model, [t for r in lay.req_ids for t in chunk_ids[r]])
     if getattr(worker, "rank", 0) != 0:
         return None
-    runner = worker.model_runner
     if mode == "aux":
         st = getattr(runner, "execute_model_state", None)
         aux = getattr(st, "aux_hidden_states", None)
-        native = getattr(runner, "_vllm_compat_aux", None)
-        if aux is None or native is None:
-            raise RuntimeError("no aux hidden states in execute_model_state (was the aux path "
-                               "configured before load?)")
-        if len(aux) != len(native):
-            raise RuntimeError(f"model returned {len(aux)} aux states for ids {native}")
-        by_id = dict(zip(native, aux))  # vLLM returns them in ascending layer order
+        native = getattr(runner, "_vllm_compat_aux", ())
+        if native:
+            if aux is None:
+                raise RuntimeError("no aux hidden states in execute_model_state (was the aux "
+                                   "path configured before load?)")
+            if len(aux) != len(native):
+                raise RuntimeError(f"model returned {len(aux)} aux states for ids {native}")
+        by_id = dict(zip(native or (), aux or ()))  # vLLM returns them in ascending order
+        if emb is not None:
+            by_id[0] = emb
     else:
         by_id = worker._vllm_compat_hooks.buf
     lay = _layout(runner, num_scheduled)
@@ -412,10 +464,15 @@ class Session:
             # The aux layers live on the model object, not in the config hash: a compile
             # cache from a run with other layers would be reused silently. Recompile.
             env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-        if tensor_parallel_size > 1 and "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ:
-            # TP workers must inherit the wrapped load_model: fork, not spawn (CUDA must
-            # not be initialised in this process before the LLM is built).
-            env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        if tensor_parallel_size > 1 and self.plan.mode == "aux" and self.plan.native_ids:
+            # Worker processes: vLLM forces spawn once CUDA is initialised here, and a
+            # spawned worker does not inherit our class patch (seen on 0.26.0, 2x H200:
+            # "aux capture was not configured on the worker"). The ids go by environment
+            # and the worker imports this module through worker_extension_cls.
+            env[_ENV_AUX] = ",".join(map(str, self.plan.native_ids))
+            if kw.get("worker_extension_cls"):
+                raise ValueError("worker_extension_cls is used by the extractor for TP > 1")
+            args["worker_extension_cls"] = f"{__name__}.AuxWorkerExtension"
         old = _set_env(**env)
         _reset_envs_cache()
         try:
@@ -423,6 +480,7 @@ class Session:
                 self.llm = LLM(**args)
         finally:
             _restore_env({k: v for k, v in old.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"})
+            _reset_envs_cache()
         engine = self.llm.llm_engine
         client = engine.engine_core
         self.core = getattr(client, "engine_core", None)
@@ -434,13 +492,17 @@ class Session:
             collective_rpc(self.executor, _worker_install_hooks, args=(self.layer_ids,))
         self.info = collective_rpc(self.executor, _worker_describe, rank=0) \
             if self.executor is not None else {}
-        if self.plan.mode == "aux" and not self.info.get("use_aux"):
+        if self.plan.mode == "aux" and self.plan.native_ids and not self.info.get("use_aux"):
             raise RuntimeError(f"aux capture was not configured on the worker: {self.info}")
         self.info = dict(self.info, mode=self.plan.mode, note=self.plan.note,
                          vllm=vllm.__version__, tp=tensor_parallel_size,
                          enforce_eager=self.plan.enforce_eager)
         self._block_hasher = getattr(self.core, "request_block_hasher", None)
         self._sp = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        self.num_steps = 0
+        self.max_step_tokens = 0
+        self._emb0 = self.plan.mode == "aux" and 0 in self.layer_ids
+        self._pending: dict[str, tuple[list[int], int]] = {}  # req -> (prompt, offset)
 
     # ---- aux / hooks: we drive the engine core
 
@@ -448,6 +510,8 @@ class Session:
         req = make_request(req_id, token_ids, sampling_params=self._sp,
                            block_hasher=self._block_hasher)
         self.core.scheduler.add_request(req)
+        if self._emb0:
+            self._pending[req_id] = (list(token_ids), 0)
 
     def abort(self, req_ids: Iterable[str]) -> None:
         from vllm.v1.request import RequestStatus
@@ -463,10 +527,23 @@ class Session:
             raise RuntimeError("the scheduler scheduled nothing while requests are pending "
                                "(KV cache too small for one prompt?)")
         ex = self.executor
+        self.num_steps += 1
+        self.max_step_tokens = max(self.max_step_tokens, so.total_num_scheduled_tokens)
         out = resolve_output(ex.execute_model(so))
+        chunk_ids = None
+        if self._emb0:
+            chunk_ids = {}
+            for rid, n in so.num_scheduled_tokens.items():
+                ids, off = self._pending[rid]
+                chunk_ids[rid] = ids[off: off + n]
+                if off + n >= len(ids):
+                    del self._pending[rid]
+                else:
+                    self._pending[rid] = (ids, off + n)
         chunks = collective_rpc(ex, _worker_collect, args=(
-            dict(so.num_scheduled_tokens), self.plan.mode, self.layer_ids), rank=0)
-        if out is None and hasattr(ex, "sample_tokens"):  # 0.11.2+: two-phase step
+            dict(so.num_scheduled_tokens), self.plan.mode, self.layer_ids, chunk_ids), rank=0)
+        # 0.11.2+: two-phase step (execute_model -> None, then sample_tokens); 0.10.2: one.
+        if out is None and hasattr(ex, "sample_tokens"):
             out = resolve_output(ex.sample_tokens(grammar_output(sched, so)))
         if out is None:
             raise RuntimeError("execute_model failed (sample_tokens returned None)")
@@ -488,18 +565,48 @@ class Session:
             path = (o.kv_transfer_params or {}).get("hidden_states_path")
             if path is None:
                 raise RuntimeError("no hidden_states_path in kv_transfer_params")
-            load = getattr(conn_mod, "load_hidden_states", None)  # 0.22.1+: waits on lock
-            if load is not None:
-                data = load(path)
-            else:
-                from safetensors.torch import load_file
-                data = load_file(path, device="cpu")
+            self._wait_saved(path)
+            from safetensors.torch import load_file
+            data = load_file(path, device="cpu")
             hs = data["hidden_states"][: len(ids)]
             res.append(hs[:, pos].clone())
             for p in (path, path + ".lock"):
                 with contextlib.suppress(OSError):
                     os.remove(p)
         return res
+
+    def _wait_saved(self, path: str, timeout: float = 120.0) -> None:
+        """Step the engine until the connector has written ``path``.
+
+        0.24.0+ saves in the worker's ``get_finished`` (PendingSave) and holds a LOCK_EX on
+        ``<path>.lock`` until then; ``LLM.generate`` returns as soon as the request's output
+        is out, before that step runs. ``load_hidden_states`` (0.22.1+) then blocks on
+        LOCK_SH for ever in an in-process engine (seen on 0.26.0, H200). We take the lock
+        non-blocking and step the engine core meanwhile, with a deadline.
+        """
+        import fcntl
+        import time
+        lock = path + ".lock"
+        deadline = time.monotonic() + timeout
+        while True:
+            if not os.path.exists(lock):  # 0.17.1-0.21.0: synchronous save, no lock file
+                if os.path.exists(path):
+                    return
+            else:
+                with open(lock) as lf:
+                    try:
+                        fcntl.flock(lf, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                        fcntl.flock(lf, fcntl.LOCK_UN)
+                        return
+                    except BlockingIOError:
+                        pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM's hidden-states connector did not write {path} within "
+                                   f"{timeout:.0f} s")
+            if self.core is not None and self.core.scheduler.has_requests():
+                self.core.step()
+            else:
+                time.sleep(0.01)
 
     # ---- helpers for tests / callers
 

@@ -1,0 +1,173 @@
+"""Prefill-only hidden-state extraction on the real vLLM engine (EAGLE-3 training data).
+
+Layer-index convention (one for every model and release)::
+
+    k, 0 <= k < L : the residual-stream state ENTERING decoder layer k (0 = embeddings output)
+    k = L         : the last decoder layer's output BEFORE the final norm
+    (L = num_hidden_layers; text_config.num_hidden_layers for multimodal wrappers)
+
+This equals HF ``output_hidden_states[k]`` for k < L; HF's entry L is after the final
+norm (see :mod:`vllm_compat.extract.layers` for converters from HF and speculators 0.3/0.4
+indices, and the EAGLE-3 default set ``(2, L//2, L-3) + (L,)``).
+
+Usage::
+
+    from vllm_compat.extract import HiddenStatesExtractor
+    ex = HiddenStatesExtractor("/ckpt", layer_ids=None)       # EAGLE-3 default + L
+    for s in ex.extract(token_id_lists):                       # streamed, input order
+        s.index, s.token_ids, s.hidden_states                  # [seq, n_layers, hidden]
+    ex.close()
+
+Capture uses vLLM's own aux-hidden-state path (configured before torch.compile / CUDA-graph
+capture) where the model supports the requested ids, forward hooks (eager only) otherwise,
+or ``backend="native"``: vLLM's ``extract_hidden_states`` method (0.17.1+, not MLA).
+This module does not import vLLM; the engine side is ``vllm_compat.adapters._extract``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+from .layers import (
+    eagle3_default_layers, from_hf_indices, from_speculators_indices, hidden_size_from_config,
+    num_layers_from_config, read_model_config, resolve_layer_ids, to_speculators_indices,
+    validate_layer_ids,
+)
+from .ordering import OrderedAssembler, check_prompt, windows
+
+__all__ = [
+    "ExtractedSample", "HiddenStatesExtractor", "eagle3_default_layers", "extract_hidden_states",
+    "from_hf_indices", "from_speculators_indices", "to_speculators_indices", "validate_layer_ids",
+]
+
+_serial = itertools.count()
+
+
+@dataclass
+class ExtractedSample:
+    """One prompt's result. ``hidden_states``: ``[seq_len, len(layer_ids), hidden]``, CPU."""
+    index: int
+    token_ids: Any          # 1-D int64 torch tensor
+    hidden_states: Any      # torch tensor, model dtype
+    layer_ids: tuple[int, ...]
+
+
+class HiddenStatesExtractor:
+    """Prefill-only extraction of per-token hidden states, streamed in input order.
+
+    ``layer_ids``: ids in the convention above (None: EAGLE-3 default + L); results keep
+    this order along dim 1. ``max_in_flight`` bounds how many prompts are held at once
+    (default: the engine's ``max_num_seqs``-sized window of 64). ``backend``: ``"auto"``
+    (aux path, hooks when it cannot express an id), ``"aux"``, ``"hooks"`` (forces
+    ``enforce_eager``) or ``"native"``. Other keywords go to ``vllm.LLM``. With
+    ``tensor_parallel_size > 1`` only rank 0 hands states back (they are replicated).
+    """
+
+    def __init__(self, model_path: str, *, layer_ids: Sequence[int] | None = None,
+                 tensor_parallel_size: int = 1, max_model_len: int | None = None,
+                 max_num_batched_tokens: int | None = None, enforce_eager: bool = False,
+                 gpu_memory_utilization: float = 0.5, backend: str = "auto",
+                 max_in_flight: int = 64, **llm_kwargs: Any) -> None:
+        self.model_path = str(model_path)
+        self.config = read_model_config(self.model_path)
+        self.num_layers = num_layers_from_config(self.config)
+        self.hidden_size = hidden_size_from_config(self.config)
+        self.layer_ids = resolve_layer_ids(layer_ids, self.num_layers)
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
+        self.max_model_len = max_model_len
+        from vllm_compat.adapters import load
+        self._ad = load("_extract")
+        self._session = self._ad.Session(
+            self.model_path, self.config, self.layer_ids, self.num_layers, backend=backend,
+            tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization, llm_kwargs=llm_kwargs)
+        mml = self._session.llm.llm_engine.model_config.max_model_len
+        self._max_prompt = int(mml) - 1
+        vocab = self.config.get("vocab_size") or (self.config.get("text_config") or {}).get(
+            "vocab_size")
+        self._vocab = int(vocab) if vocab else None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What ran: vLLM version, runner (v1/v2), capture mode, model class, eager, steps."""
+        return dict(self._session.info, steps=self._session.num_steps,
+                    max_step_tokens=self._session.max_step_tokens)
+
+    @property
+    def llm(self) -> Any:
+        return self._session.llm
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float | None]]:
+        """vLLM's own ``prompt_logprobs`` of each prompt token (for cross-checks)."""
+        return self._session.prompt_logprobs(prompts)
+
+    def _sample(self, index: int, ids: list[int], hs: Any) -> ExtractedSample:
+        import torch
+        if hs.shape != (len(ids), len(self.layer_ids), self.hidden_size):
+            raise RuntimeError(f"prompt {index}: got states of shape {tuple(hs.shape)}, expected "
+                               f"{(len(ids), len(self.layer_ids), self.hidden_size)}")
+        return ExtractedSample(index, torch.tensor(ids, dtype=torch.int64), hs, self.layer_ids)
+
+    def extract(self, prompts: Iterable[Sequence[int]]) -> Iterator[ExtractedSample]:
+        """Yield one :class:`ExtractedSample` per prompt, in input order, as they finish."""
+        checked = (
+            (i, check_prompt(i, p, self._max_prompt, self._vocab)) for i, p in enumerate(prompts))
+        if self._session.plan.mode == "native":
+            for win in windows(checked, self.max_in_flight):
+                states = self._session.run_native([(str(i), ids) for i, ids in win])
+                for (i, ids), hs in zip(win, states):
+                    yield self._sample(i, ids, hs)
+            return
+        tag = next(_serial)
+        asm = OrderedAssembler()
+        try:
+            yield from self._drive(checked, tag, asm)
+        finally:
+            left = list(asm.missing())
+            if left:  # consumer stopped early or an error: free the engine's requests
+                self._session.abort(left)
+
+    def _drive(self, checked: Iterator[tuple[int, list[int]]], tag: int,
+               asm: OrderedAssembler) -> Iterator[ExtractedSample]:
+        exhausted = False
+        while True:
+            while not exhausted and asm.in_flight < self.max_in_flight:
+                nxt = next(checked, None)
+                if nxt is None:
+                    exhausted = True
+                    break
+                i, ids = nxt
+                key = f"vcx{tag}-{i}"
+                asm.register(i, key, ids)
+                self._session.add(key, ids)
+            if asm.running == 0:
+                if asm.in_flight:
+                    raise RuntimeError("assembler holds requests that never finish")
+                break
+            asm.feed_many(self._session.step())
+            for i, ids, hs in asm.pop_ready():
+                yield self._sample(i, ids, hs)
+        if self._session.has_unfinished():
+            raise RuntimeError("the engine still has unfinished requests after extraction")
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> "HiddenStatesExtractor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def extract_hidden_states(model_path: str, prompts: Iterable[Sequence[int]],
+                          layer_ids: Sequence[int] | None = None,
+                          **kw: Any) -> list[ExtractedSample]:
+    """All prompts at once (list, input order); builds and closes an extractor."""
+    with HiddenStatesExtractor(model_path, layer_ids=layer_ids, **kw) as ex:
+        return list(ex.extract(prompts))

@@ -1,0 +1,171 @@
+"""Layer-index convention and converters (pure Python: no vLLM, no torch).
+
+Our convention (the one vLLM's EAGLE-3 capture uses from 0.18.1, and SafeAILab EAGLE):
+
+* ``k`` (``0 <= k < L``) is the residual-stream state *entering* decoder layer ``k``;
+  ``k = 0`` is the embeddings output.
+* ``k = L`` (``L = num_hidden_layers``) is the last decoder layer's output *before* the
+  final norm (vLLM: ``hidden_states + residual`` before ``model.norm``).
+
+Other conventions:
+
+* HF transformers ``output_hidden_states``: ``hidden_states[i]`` is the input of layer
+  ``i`` for ``i < L`` (so HF ``i`` == our ``i``), but ``hidden_states[L]`` is AFTER the
+  final norm: ``transformers.utils.output_capturing.capture_outputs`` (5.x; older
+  releases appended ``all_hidden_states`` after ``self.norm`` in ``LlamaModel.forward``)
+  replaces the last entry with ``last_hidden_state`` unless the config sets
+  ``tie_last_hidden_states=False``. HF index ``L`` therefore has no equivalent here
+  unless ``tied_last=False``.
+* speculators 0.3/0.4 (``VllmHiddenStatesGenerator``): id ``k`` is the *output* of layer
+  ``k`` (their patched loop stores ``hidden_states + residual`` after the layer), i.e.
+  our ``k + 1``; their default ``[2, L//2, L-3, L-1]`` is our ``[3, L//2+1, L-2, L]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "eagle3_default_layers", "from_hf_indices", "from_speculators_indices",
+    "num_layers_from_config", "hidden_size_from_config", "read_model_config",
+    "to_speculators_indices", "validate_layer_ids",
+]
+
+
+def _as_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    return int(value.__index__())
+
+
+def validate_layer_ids(layer_ids: Iterable[Any], num_layers: int) -> tuple[int, ...]:
+    """``layer_ids`` as a tuple of ints, each in ``[0, num_layers]`` and unique.
+
+    Raises ``ValueError`` naming the offending value (negative, above ``num_layers``,
+    duplicated, not an integer) or an empty selection. Order is kept.
+    """
+    L = _as_int(num_layers, "num_layers")
+    if L < 1:
+        raise ValueError(f"num_layers must be >= 1, got {L}")
+    out: list[int] = []
+    seen: set[int] = set()
+    for raw in layer_ids:
+        k = _as_int(raw, "layer id")
+        if k < 0:
+            raise ValueError(f"layer id {k} is negative; valid ids are 0..{L} "
+                             f"(0 = embeddings, {L} = final pre-norm state)")
+        if k > L:
+            raise ValueError(f"layer id {k} is above num_hidden_layers={L}; valid ids are 0..{L}")
+        if k in seen:
+            raise ValueError(f"layer id {k} is requested more than once")
+        seen.add(k)
+        out.append(k)
+    if not out:
+        raise ValueError("no layer ids requested")
+    return tuple(out)
+
+
+def eagle3_default_layers(num_layers: int, *, include_final: bool = True) -> tuple[int, ...]:
+    """vLLM's EAGLE-3 default ``(2, L//2, L-3)`` plus ``L`` (the final pre-norm state).
+
+    For tiny models where these collide (L < 8) the duplicates are dropped, keeping order.
+    """
+    L = _as_int(num_layers, "num_layers")
+    if L < 3:
+        raise ValueError(f"the EAGLE-3 default set needs num_layers >= 3, got {L}")
+    ids = [2, L // 2, L - 3] + ([L] if include_final else [])
+    out: list[int] = []
+    for k in ids:
+        if k not in out:
+            out.append(k)
+    return tuple(out)
+
+
+def from_hf_indices(indices: Iterable[Any], num_layers: int, *,
+                    tied_last: bool = True) -> tuple[int, ...]:
+    """Our ids for HF ``output_hidden_states`` indices (negative ones count from the end).
+
+    HF ``i < L`` is our ``i``. HF ``L`` (or ``-1``) is the *post-norm* state when
+    ``tied_last`` (the transformers default), which this convention cannot express:
+    ``ValueError``. With ``tied_last=False`` (``config.tie_last_hidden_states=False``)
+    HF ``L`` is the pre-norm last-layer output, our ``L``.
+    """
+    L = _as_int(num_layers, "num_layers")
+    out = []
+    for raw in indices:
+        i = _as_int(raw, "HF hidden_states index")
+        j = i + L + 1 if i < 0 else i
+        if not 0 <= j <= L:
+            raise ValueError(f"HF hidden_states index {i} is out of range for "
+                             f"{L} layers ({L + 1} entries)")
+        if j == L and tied_last:
+            raise ValueError(
+                f"HF hidden_states index {i} is the state AFTER the final norm; this "
+                f"convention's {L} is the pre-norm state (pass tied_last=False if the "
+                "model was run with tie_last_hidden_states=False)")
+        out.append(j)
+    return validate_layer_ids(out, L)
+
+
+def from_speculators_indices(indices: Iterable[Any], num_layers: int) -> tuple[int, ...]:
+    """Our ids for speculators 0.3/0.4 ``layer_ids`` (output of layer k == our k + 1)."""
+    L = _as_int(num_layers, "num_layers")
+    out = []
+    for raw in indices:
+        k = _as_int(raw, "speculators layer id")
+        if not 0 <= k < L:
+            raise ValueError(f"speculators layer id {k} is out of range 0..{L - 1}")
+        out.append(k + 1)
+    return validate_layer_ids(out, L)
+
+
+def to_speculators_indices(layer_ids: Iterable[Any], num_layers: int) -> tuple[int, ...]:
+    """Inverse of :func:`from_speculators_indices` (our 0, the embeddings, has none)."""
+    ids = validate_layer_ids(layer_ids, num_layers)
+    if 0 in ids:
+        raise ValueError("layer id 0 (embeddings) has no speculators 0.3/0.4 equivalent")
+    return tuple(k - 1 for k in ids)
+
+
+# --------------------------------------------------------------------------- config.json
+
+
+def read_model_config(model_path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checkpoint's ``config.json`` as a dict (a local directory only)."""
+    path = os.path.join(os.fspath(model_path), "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: model_path must be a local checkpoint "
+                                "directory")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    # Multimodal wrappers (Kimi-K2.5, Qwen-VL, ...) keep the backbone in text_config.
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), Mapping):
+        return cfg["text_config"]
+    return cfg
+
+
+def num_layers_from_config(cfg: Mapping[str, Any]) -> int:
+    """``num_hidden_layers`` of the decoder backbone (``text_config`` for wrappers)."""
+    tc = _text_config(cfg)
+    if "num_hidden_layers" not in tc:
+        raise ValueError("config has no num_hidden_layers (nor text_config.num_hidden_layers)")
+    return _as_int(tc["num_hidden_layers"], "num_hidden_layers")
+
+
+def hidden_size_from_config(cfg: Mapping[str, Any]) -> int:
+    tc = _text_config(cfg)
+    return _as_int(tc["hidden_size"], "hidden_size")
+
+
+def resolve_layer_ids(layer_ids: Sequence[Any] | None, num_layers: int) -> tuple[int, ...]:
+    """``layer_ids`` validated, or the EAGLE-3 default set plus ``L`` when None."""
+    if layer_ids is None:
+        return eagle3_default_layers(num_layers)
+    if isinstance(layer_ids, (str, bytes)):
+        raise ValueError(f"layer_ids must be a sequence of ints, got {layer_ids!r}")
+    return validate_layer_ids(layer_ids, num_layers)

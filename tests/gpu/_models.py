@@ -1,0 +1,134 @@
+"""Tiny random checkpoints (built with transformers, saved locally) and HF references."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import torch
+
+VOCAB = 1024
+MAX_LEN = 1024
+# 12 prompts of distinct lengths (one of 1 token, several far above the chunk size 32).
+LENGTHS = [37, 300, 5, 129, 1, 64, 211, 18, 97, 250, 2, 161]
+
+
+def prompts(seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+def build(kind: str, path: str) -> str:
+    """Save a tiny random ``kind`` (llama | qwen3 | deepseek_v3) checkpoint in bf16."""
+    import transformers as tf
+    torch.manual_seed({"llama": 1, "qwen3": 2, "deepseek_v3": 3}[kind])
+    common = dict(vocab_size=VOCAB, max_position_embeddings=MAX_LEN, rms_norm_eps=1e-6,
+                  tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    if kind == "llama":
+        cfg = tf.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                             num_attention_heads=4, num_key_value_heads=2, **common)
+        model = tf.LlamaForCausalLM(cfg)
+    elif kind == "qwen3":
+        cfg = tf.Qwen3Config(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                             **common)
+        model = tf.Qwen3ForCausalLM(cfg)
+    elif kind == "deepseek_v3":
+        # Kimi-K2.5's backbone shape (DeepSeek-V3 MLA + MoE), scaled down.
+        cfg = tf.DeepseekV3Config(
+            hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+            num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16,
+            n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=1,
+            topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+            norm_topk_prob=True, kv_lora_rank=512, q_lora_rank=192, qk_rope_head_dim=64,
+            qk_nope_head_dim=128, v_head_dim=128, topk_method="noaux_tc",
+            scoring_func="sigmoid", rope_scaling=None, **common)
+        model = tf.DeepseekV3ForCausalLM(cfg)
+        with torch.no_grad():  # a non-trivial routing bias, as in real checkpoints
+            for name, buf in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buf.uniform_(-0.05, 0.05)
+            for name, p in model.named_parameters():
+                if name.endswith("e_score_correction_bias"):
+                    p.uniform_(-0.05, 0.05)
+    else:
+        raise ValueError(kind)
+    with torch.no_grad():
+        # Spread the logits so prompt logprobs are sensitive to the final state.
+        model.lm_head.weight.mul_(10.0)
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+    with open(os.path.join(path, "config.json")) as f:
+        saved = json.load(f)
+    saved.setdefault("torch_dtype", "bfloat16")
+    if kind == "deepseek_v3":  # vLLM's loader needs these explicit (see shared/gpu/README)
+        saved.update(topk_method="noaux_tc", scoring_func="sigmoid")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(saved, f, indent=1)
+    return path
+
+
+class HFReference:
+    """HF transformers states in our convention: [seq, L+1, hidden] fp32 (k=L pre-norm)."""
+
+    def __init__(self, path: str, dtype: torch.dtype = torch.float32) -> None:
+        import transformers as tf
+        self.model = tf.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).cuda().eval()
+        self.L = self.model.config.num_hidden_layers
+
+    @torch.no_grad()
+    def states(self, ids: list[int]) -> torch.Tensor:
+        layers = self.model.model.layers
+        cap: dict[str, torch.Tensor] = {}
+        h = layers[-1].register_forward_hook(
+            lambda m, a, o: cap.__setitem__("last", o[0] if isinstance(o, tuple) else o))
+        try:
+            out = self.model(torch.tensor([ids], device="cuda"), output_hidden_states=True)
+        finally:
+            h.remove()
+        hs = out.hidden_states  # HF: [L] is AFTER the final norm -> replaced by the hook
+        assert len(hs) == self.L + 1
+        per = [hs[i][0] for i in range(self.L)] + [cap["last"][0]]
+        post = hs[self.L][0]
+        # The note in layers.py: HF's last entry is the normed state, not the pre-norm one.
+        assert not torch.allclose(post, per[-1]), "HF hidden_states[L] is expected post-norm"
+        return torch.stack(per, dim=1).float().cpu()
+
+    @torch.no_grad()
+    def logprobs_from_final(self, final: torch.Tensor) -> torch.Tensor:
+        """log_softmax(lm_head(norm(final))) in fp32, [seq, vocab]."""
+        m = self.model
+        x = final.to("cuda", torch.float32)
+        w = m.model.norm.weight.float()
+        var = x.pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(var + m.config.rms_norm_eps) * w
+        return torch.log_softmax(x @ m.lm_head.weight.float().T, dim=-1).cpu()
+
+    def close(self) -> None:
+        del self.model
+        torch.cuda.empty_cache()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    g, r = got.float(), ref.float()
+    tok_rel = (g - r).norm(dim=-1) / r.norm(dim=-1).clamp_min(1e-12)
+    return {"rel": rel_err(g, r), "max_abs": float((g - r).abs().max()),
+            "ref_max_abs": float(r.abs().max()), "worst_token_rel": float(tok_rel.max()),
+            "frac_tokens_rel_gt_5pct": float((tok_rel > 0.05).float().mean())}
+
+
+def record(test: str, **fields: Any) -> None:
+    path = os.environ.get("VLLM_COMPAT_GPU_RESULTS")
+    if not path:
+        return
+    import vllm
+    fields = dict(test=test, vllm=vllm.__version__, time=time.strftime("%H:%M:%S"), **fields)
+    with open(path, "a") as f:
+        f.write(json.dumps(fields, default=str) + "\n")

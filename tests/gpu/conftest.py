@@ -1,0 +1,36 @@
+"""GPU tests: real vLLM on a CUDA device. Skipped, with the reason, anywhere else."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
+
+
+def _skip_reason() -> str | None:
+    for mod in ("torch", "transformers", "vllm"):
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not installed"
+    import torch
+    if not torch.cuda.is_available():
+        return "no CUDA device visible (torch.cuda.is_available() is False)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    here = os.path.dirname(__file__)
+    reason = _skip_reason()
+    for item in items:
+        if not str(item.fspath).startswith(here):
+            continue
+        if "gpu" not in item.keywords:
+            raise pytest.UsageError(f"{item.nodeid} is in tests/gpu but not marked gpu")
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
