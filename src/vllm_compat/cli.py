@@ -47,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     doctor = sub.add_parser("doctor", help="installed vLLM version, era, runner, capabilities")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(func=_doctor)
+    from .eagle3.cli import add_parser as add_eagle3_parser  # `vllm-compat eagle3 <step>`
+
+    add_eagle3_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

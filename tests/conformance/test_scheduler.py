@@ -97,3 +97,21 @@ def test_hasher_follows_the_scheduler_block_size(make_sched):
     sched = make_sched(True)
     h = vc.block_hasher_for(sched)
     assert h.block_size == BLOCK and h.hash_algo == "sha256"
+
+
+@pytest.mark.parametrize("eos", [2, None], ids=["eos-2", "no-eos"])
+def test_eos_token_stops_the_request_on_every_release(make_sched, eos):
+    """eos_token_id moved from Request (<= 0.16) to SamplingParams (0.17+); both must stop."""
+    sched = make_sched(True)
+    sched.add_request(vc.make_request("e", tokens(20), sampling_params=sp(10), eos_token_id=eos,
+                                      block_hasher=vc.block_hasher_for(sched)))
+    produced, reason = [], None
+    while sched.has_unfinished_requests():
+        so = vc.schedule(sched)
+        out = vc.make_model_runner_output(list(so.num_scheduled_tokens), [[2]])  # the model emits 2
+        for eco in vc.update_from_output(sched, so, out).values():
+            for o in eco.outputs:
+                produced += o.new_token_ids
+                reason = o.finish_reason if o.finish_reason is not None else reason
+    assert str(reason).lower().endswith("stop" if eos == 2 else "length")
+    assert len(produced) == (1 if eos == 2 else 10)
