@@ -202,20 +202,39 @@ def request_kwargs(
     return kw
 
 
-def new_request(
-    request_id: str,
-    prompt_token_ids: Sequence[int],
-    *,
-    sampling_params: SamplingParams | None = None,
-    pooling_params: Any = None,
-    eos_token_id: int | None = None,
-    block_hasher: Callable[[Request], list[bytes]] | None = None,
-    **extra: Any,
-) -> Request:
-    """A Request for releases without ``eos_token_id`` (0.17.0+): eos lives in sampling params."""
-    kw = request_kwargs(request_id, prompt_token_ids, sampling_params, pooling_params,
-                        eos_token_id, block_hasher, extra)
-    return Request(**kw)
+RequestKwargsHook = Callable[[dict[str, Any], "int | None"], None]
+
+
+def request_factory(era_kwargs: RequestKwargsHook | None = None) -> Callable[..., Request]:
+    """Build an era's ``new_request``; ``era_kwargs`` adds what only that era's Request takes."""
+
+    def new_request(
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        *,
+        sampling_params: SamplingParams | None = None,
+        pooling_params: Any = None,
+        eos_token_id: int | None = None,
+        block_hasher: Callable[[Request], list[bytes]] | None = None,
+        **extra: Any,
+    ) -> Request:
+        kw = request_kwargs(request_id, prompt_token_ids, sampling_params, pooling_params,
+                            eos_token_id, block_hasher, extra)
+        if era_kwargs is not None:
+            era_kwargs(kw, eos_token_id)
+        return Request(**kw)
+
+    return new_request
+
+
+def eos_in_request(kw: dict[str, Any], eos_token_id: int | None) -> None:
+    # Request(eos_token_id=...) was required through 0.16: the stop check compared
+    # against request.eos_token_id (0.17 moved it to sampling_params).
+    kw["eos_token_id"] = eos_token_id
+
+
+# 0.17+: no eos on Request; prepare_sampling_params put it in the sampling params.
+new_request = request_factory()
 
 
 # --------------------------------------------------------------------------- scheduler

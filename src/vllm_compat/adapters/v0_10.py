@@ -9,20 +9,20 @@ What sets this era apart (all changed in 0.11):
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-from vllm.sampling_params import SamplingParams
 from vllm.utils import get_hash_fn_by_name
-from vllm.v1.request import Request
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
 from ._shared import (  # noqa: F401  (re-exported: part of the adapter function set)
     attach_block_hasher, block_hashes, collective_rpc, current_none_hash, hash_function_names,
     init_none_hash, kv_cache_config, model_runner_output, new_scheduler, probes,
-    request_block_hasher, request_kwargs, resolve_output, runner_flavour, schedule,
+    request_block_hasher, resolve_output, runner_flavour, schedule,
     scheduler_hash_block_size, update_from_output, version, vllm_config,
 )
 from ._shared import _call_step
+from ._shared import eos_in_request as _eos_in_request
+from ._shared import request_factory as _request_factory
 from ..errors import VllmCompatError
 
 ERA = "v0_10"
@@ -32,24 +32,15 @@ def hash_function(name: str) -> Callable[[Any], bytes]:
     return get_hash_fn_by_name(name)
 
 
-def new_request(
-    request_id: str,
-    prompt_token_ids: Sequence[int],
-    *,
-    sampling_params: SamplingParams | None = None,
-    pooling_params: Any = None,
-    eos_token_id: int | None = None,
-    block_hasher: Callable[[Request], list[bytes]] | None = None,
-    **extra: Any,
-) -> Request:
-    kw = request_kwargs(request_id, prompt_token_ids, sampling_params, pooling_params,
-                        eos_token_id, block_hasher, extra)
-    kw["eos_token_id"] = eos_token_id  # required positional-or-keyword through 0.16
+def _v0_10_request_kwargs(kw: dict[str, Any], eos_token_id: int | None) -> None:
+    _eos_in_request(kw, eos_token_id)
     sp = kw["sampling_params"]
     # 0.10.2 builds the structured-output request in from_engine_core_request; 0.11
     # moved that into Request itself.
     kw["structured_output_request"] = StructuredOutputRequest(sampling_params=sp) if sp else None
-    return Request(**kw)
+
+
+new_request = _request_factory(_v0_10_request_kwargs)
 
 
 def grammar_output(scheduler: Any, scheduler_output: Any) -> None:

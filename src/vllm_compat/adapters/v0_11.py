@@ -11,18 +11,18 @@ Inside the era: 0.16.0 replaced ``get_hash_new_full_blocks`` by ``update_block_h
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.request import Request
 
 from ._shared import (  # noqa: F401  (re-exported: part of the adapter function set)
     attach_block_hasher, block_hashes, collective_rpc, current_none_hash, grammar_output,
     hash_function_names, init_none_hash, kv_cache_config, model_runner_output, new_scheduler,
-    probes, request_block_hasher, request_kwargs, resolve_output, runner_flavour, schedule,
+    probes, request_block_hasher, resolve_output, runner_flavour, schedule,
     scheduler_hash_block_size, update_from_output, version, vllm_config,
 )
+from ._shared import eos_in_request as _eos_in_request
+from ._shared import request_factory as _request_factory
 from ._shared import two_phase_step as run_model_step
 
 ERA = "v0_11"
@@ -32,18 +32,4 @@ def hash_function(name: str) -> Callable[[Any], bytes]:
     return get_hash_fn_by_name(name)
 
 
-def new_request(
-    request_id: str,
-    prompt_token_ids: Sequence[int],
-    *,
-    sampling_params: SamplingParams | None = None,
-    pooling_params: Any = None,
-    eos_token_id: int | None = None,
-    block_hasher: Callable[[Request], list[bytes]] | None = None,
-    **extra: Any,
-) -> Request:
-    kw = request_kwargs(request_id, prompt_token_ids, sampling_params, pooling_params,
-                        eos_token_id, block_hasher, extra)
-    # Required through 0.16: the stop check compared against request.eos_token_id.
-    kw["eos_token_id"] = eos_token_id
-    return Request(**kw)
+new_request = _request_factory(_eos_in_request)  # Request(eos_token_id=...) through 0.16

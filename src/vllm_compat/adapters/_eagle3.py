@@ -1,0 +1,119 @@
+"""What the installed vLLM makes of a speculators EAGLE-3 checkpoint (imports vLLM).
+
+Runs vLLM's own config path on CPU: the checkpoint's ``config.json`` through
+``SpeculatorsConfig`` and, with a local target, a real ``SpeculativeConfig`` (which builds the
+draft ``ModelConfig`` exactly as ``vllm serve`` does). What the model class then sizes from
+that config (``fc`` width, aux layer ids) is replayed from the rules of the installed
+``llama_eagle3``, found by probing its source, because building the model needs a GPU.
+The pure checks live in :mod:`vllm_compat.eagle3.validate`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import vllm
+from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+from ..eagle3.validate import ServingView
+
+_LLAMA_EAGLE3 = "vllm.model_executor.models.llama_eagle3"
+
+
+def _source(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    return Path(spec.origin).read_text() if spec and spec.origin else ""
+
+
+def speculative_config_dict(config_dict: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's validation + translation of the speculators keys into speculative-config keys."""
+    SpeculatorsConfig.validate_speculators_config(config_dict)
+    # 0.11 split the translation out as extract_vllm_speculative_config; 0.10 only has
+    # convert_speculators_to_vllm (which also folds in transformer_layer_config).
+    if hasattr(SpeculatorsConfig, "extract_vllm_speculative_config"):
+        return SpeculatorsConfig.extract_vllm_speculative_config(config_dict)
+    out = SpeculatorsConfig.convert_speculators_to_vllm(config_dict)
+    out["num_speculative_tokens"] = out.get("num_lookahead_tokens")
+    return out
+
+
+def draft_hf_config(checkpoint_dir: str, target_dir: str | None = None) -> Any:
+    """The draft ``PretrainedConfig`` vLLM serves with: via a real ``SpeculativeConfig`` when the
+    target is a local directory, else ``SpeculatorsConfig.from_pretrained`` alone."""
+    if target_dir is None:
+        return SpeculatorsConfig.from_pretrained(checkpoint_dir)
+    from vllm.config import SpeculativeConfig
+
+    from ._shared import vllm_config
+
+    target = vllm_config(target_dir)
+    sc = SpeculativeConfig(
+        model=checkpoint_dir, method="eagle3",
+        num_speculative_tokens=_num_tokens(checkpoint_dir),
+        target_model_config=target.model_config, target_parallel_config=target.parallel_config,
+    )
+    return sc.draft_model_config.hf_config
+
+
+def _num_tokens(checkpoint_dir: str) -> int:
+    cfg = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    return int(speculative_config_dict(cfg)["num_speculative_tokens"])
+
+
+def fc_input_size(hf: Any) -> int:
+    """Input width of ``fc`` as the installed ``Eagle3LlamaForCausalLM`` sizes it."""
+    src = _source(_LLAMA_EAGLE3)
+    eagle_config = getattr(hf, "eagle_config", None) or {}
+    # 0.22 sized fc from num_aux_hidden_states (or the nested eagle_config layer ids);
+    # before, fc always took three aux states.
+    if "num_aux_hidden_states" in src:
+        n = getattr(hf, "num_aux_hidden_states", None)
+        if n is None:
+            ids = eagle_config.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle_config, dict) else None
+            n = len(ids) if ids else 3
+    else:
+        n = 3
+    hidden = getattr(hf, "target_hidden_size", None) or hf.hidden_size
+    return int(hidden) * int(n)
+
+
+def _supported(architectures: list[str]) -> bool:
+    from vllm.model_executor.models import ModelRegistry
+
+    return all(a in ModelRegistry.get_supported_archs() for a in architectures)
+
+
+def serving_view(checkpoint_dir: str, target_dir: str | None = None) -> ServingView:
+    # vLLM treats a relative path that is not an existing directory as a hub id
+    checkpoint_dir = str(Path(checkpoint_dir).resolve())
+    target_dir = str(Path(target_dir).resolve()) if target_dir is not None else None
+    cfg = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    n_layers = None
+    if target_dir is not None:
+        tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+        n_layers = int((tcfg.get("text_config") or tcfg)["num_hidden_layers"])
+    default = [2, n_layers // 2, n_layers - 3] if n_layers is not None else []
+    try:
+        spec = speculative_config_dict(cfg)
+        hf = draft_hf_config(checkpoint_dir, target_dir)
+    except (ValueError, TypeError, KeyError) as exc:
+        return ServingView(vllm.__version__, 0, [], None, True, None, default, 0,
+                           config_error=f"{type(exc).__name__}: {exc}")
+    # 0.11 started reading the draft's eagle_aux_hidden_state_layer_ids (vllm#25961);
+    # 0.10 always feeds the target's get_eagle3_aux_hidden_state_layers() default.
+    ids = getattr(hf, "eagle_aux_hidden_state_layer_ids", None)
+    archs = list(getattr(hf, "architectures", None) or [])
+    return ServingView(
+        vllm_version=vllm.__version__,
+        num_speculative_tokens=int(spec["num_speculative_tokens"]),
+        architectures=archs,
+        draft_vocab_size=getattr(hf, "draft_vocab_size", None),
+        norm_before_residual=bool(getattr(hf, "norm_before_residual", False)),
+        aux_layer_ids=list(ids) if ids else None,
+        default_aux_layer_ids=default,
+        fc_input_size=fc_input_size(hf),
+        supported_architectures=_supported(archs),
+    )

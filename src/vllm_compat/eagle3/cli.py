@@ -1,0 +1,143 @@
+"""``vllm-compat eagle3 <step>``: prepare, vocab, train, export, validate.
+
+Every step is resumable (rerun the same command) and shows a progress bar. Register it on
+an existing parser with :func:`add_parser`, or run ``python -m vllm_compat.eagle3.cli``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+
+def _prepare(a: argparse.Namespace) -> int:
+    from .prepare import prepare
+
+    rep = prepare(a.input, a.tokenizer, a.output, max_length=a.max_length, chat_template=a.chat_template,
+                  progress=not a.no_progress)
+    print(json.dumps(rep.to_json(), indent=1))
+    return 0 if rep.kept else 1
+
+
+def _vocab(a: argparse.Namespace) -> int:
+    from .target import read_target
+    from .vocab import build_vocab
+
+    size = a.target_vocab_size or read_target(a.target).vocab_size
+    m = build_vocab(a.dataset, size, draft_vocab_size=a.draft_vocab_size, output_dir=a.output,
+                    progress=not a.no_progress)
+    print(json.dumps({"draft_vocab_size": m.draft_vocab_size, "target_vocab_size": m.target_vocab_size,
+                      "coverage": round(m.coverage, 6), "output": a.output}))
+    return 0
+
+
+def _train(a: argparse.Namespace) -> int:
+    from .train import TrainConfig, train
+
+    cfg = TrainConfig(
+        dataset=a.dataset, target=a.target, vocab=a.vocab, output_dir=a.output, epochs=a.epochs,
+        max_steps=a.max_steps, batch_size=a.batch_size, ttt_steps=a.ttt_steps, ttt_decay=a.ttt_decay,
+        lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, grad_clip=a.grad_clip,
+        dtype=a.dtype, seed=a.seed, checkpoint_every=a.checkpoint_every, progress=not a.no_progress,
+    )
+    res = train(cfg, resume=not a.no_resume)
+    if res.rank == 0:
+        print(json.dumps({"step": res.step, "output": res.output_dir, **res.last_metrics}))
+    return 0
+
+
+def _export(a: argparse.Namespace) -> int:
+    from .export import export
+
+    out = export(a.trained, a.target, a.output, verifier=a.verifier, speculative_tokens=a.speculative_tokens,
+                 dtype=a.dtype)
+    print(out)
+    return 0
+
+
+def _validate(a: argparse.Namespace) -> int:
+    from .validate import validate
+
+    with_vllm = False if a.no_vllm else None
+    rep = validate(a.checkpoint, a.target, with_vllm=with_vllm, raise_on_error=False)
+    for p in rep.problems:
+        print(f"{'error' if p.error else 'warning'} [{p.code}] {p.message}", file=sys.stderr)
+    where = f"vLLM {rep.serving.vllm_version}" if rep.serving else "rules only (vLLM not used)"
+    print(f"{'OK' if rep.ok else 'FAILED'}: {rep.checkpoint} ({where})")
+    return 0 if rep.ok else 1
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``eagle3`` and its steps on ``subparsers``."""
+    p = subparsers.add_parser("eagle3", help="EAGLE-3 draft pipeline: prepare, vocab, train, export, validate")
+    steps = p.add_subparsers(dest="eagle3_step", required=True)
+
+    s = steps.add_parser("prepare", help="chat/completion JSONL -> token ids + assistant loss mask")
+    s.add_argument("input", help="JSONL file")
+    s.add_argument("--tokenizer", required=True, help="local tokenizer directory")
+    s.add_argument("--chat-template", help="template text or file (default: the tokenizer's)")
+    s.add_argument("--max-length", type=int, default=4096)
+    s.add_argument("--output", "-o", required=True)
+    s.set_defaults(func=_prepare)
+
+    s = steps.add_parser("vocab", help="draft vocabulary (d2t/t2d) from loss-masked token counts")
+    s.add_argument("dataset", help="hidden-state dataset or prepare output directory")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--target", help="target checkpoint directory (its vocab_size)")
+    g.add_argument("--target-vocab-size", type=int)
+    s.add_argument("--draft-vocab-size", type=int, default=32000)
+    s.add_argument("--output", "-o", required=True)
+    s.set_defaults(func=_vocab)
+
+    s = steps.add_parser("train", help="train the draft with training-time test (torchrun for DDP)")
+    s.add_argument("dataset")
+    s.add_argument("--target", required=True)
+    s.add_argument("--vocab", required=True, help="vocab output directory")
+    s.add_argument("--output", "-o", required=True)
+    s.add_argument("--epochs", type=int, default=1)
+    s.add_argument("--max-steps", type=int)
+    s.add_argument("--batch-size", type=int, default=1)
+    s.add_argument("--ttt-steps", type=int, default=3)
+    s.add_argument("--ttt-decay", type=float, default=1.0)
+    s.add_argument("--lr", type=float, default=1e-4)
+    s.add_argument("--weight-decay", type=float, default=0.0)
+    s.add_argument("--warmup-steps", type=int, default=0)
+    s.add_argument("--grad-clip", type=float, default=1.0)
+    s.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--checkpoint-every", type=int, default=100)
+    s.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints")
+    s.set_defaults(func=_train)
+
+    s = steps.add_parser("export", help="write a speculators-format checkpoint for vllm serve")
+    s.add_argument("trained", help="train output directory")
+    s.add_argument("--target", required=True)
+    s.add_argument("--verifier", help="verifier.name_or_path (default: the target directory)")
+    s.add_argument("--speculative-tokens", type=int, default=3)
+    s.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    s.add_argument("--output", "-o", required=True)
+    s.set_defaults(func=_export)
+
+    s = steps.add_parser("validate", help="check a checkpoint against its target and the installed vLLM")
+    s.add_argument("checkpoint")
+    s.add_argument("--target", help="target directory (default: verifier.name_or_path if local)")
+    s.add_argument("--no-vllm", action="store_true", help="rule checks only, even if vLLM is installed")
+    s.set_defaults(func=_validate)
+
+    for name, sp in steps.choices.items():
+        if name != "validate":
+            sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vllm-compat")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,388 @@
+"""Train the EAGLE-3 draft on a hidden-state dataset with training-time test (TTT).
+
+Single process, or several with ``torchrun --nproc_per_node=N -m vllm_compat.eagle3.cli train ...``
+(DDP; NCCL on GPUs, gloo on CPU). Each rank reads every ``world_size``-th sample of the
+epoch's shuffled order; rank 0 writes checkpoints and logs.
+
+Resume is exact: a checkpoint holds the model, AdamW, the LR schedule, the torch RNG state
+and the step; the data order is a pure function of ``(seed, epoch)``, so a run stopped at
+step ``s`` and resumed produces the same parameters as one that never stopped.
+Logs: ``metrics.csv`` (loss and accuracy per TTT position), TensorBoard when installed, and
+``metrics.png`` at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .data import HiddenStatesDataset
+from .model import DraftConfig, Eagle3Draft, TargetHead, ttt_forward
+from .target import load_target_tensors, read_target
+from .vocab import VocabMapping
+
+CHECKPOINTS = "checkpoints"
+METRICS_CSV = "metrics.csv"
+METRICS_PNG = "metrics.png"
+TRAIN_CONFIG = "train_config.json"
+FINAL = "final"
+
+
+@dataclass
+class TrainConfig:
+    dataset: str
+    target: str
+    vocab: str
+    output_dir: str
+    epochs: int = 1
+    max_steps: int | None = None  # stop early (the schedule still spans all epochs)
+    batch_size: int = 1  # samples per rank per step
+    ttt_steps: int = 3
+    ttt_decay: float = 1.0
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+    dtype: str = "bf16"  # "bf16" (autocast, fp32 master weights) or "fp32"
+    seed: int = 0
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    norm_before_residual: bool = True
+    draft_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. intermediate_size
+    progress: bool = True
+    tensorboard: bool = True
+
+
+@dataclass
+class TrainResult:
+    step: int
+    output_dir: str
+    last_metrics: dict[str, float]
+    rank: int = 0
+
+
+def _rope_theta(cfg: dict[str, Any]) -> float:
+    # transformers 5 moved rope_theta into rope_parameters
+    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
+
+
+def draft_config_for(target_dir: str, dataset: HiddenStatesDataset, vocab: VocabMapping, **overrides: Any) -> DraftConfig:
+    """The draft mirrors the target's attention shape (as speculators' default drafts do)."""
+    t = read_target(target_dir)
+    tc = t.text_config
+    m = dataset.manifest
+    if m.hidden_size != t.hidden_size:
+        raise ValueError(f"dataset hidden size {m.hidden_size} != target hidden size {t.hidden_size}")
+    if vocab.target_vocab_size != t.vocab_size:
+        raise ValueError(f"vocab mapping is over {vocab.target_vocab_size} ids, the target has {t.vocab_size}")
+    kw = dict(
+        hidden_size=t.hidden_size, num_attention_heads=tc["num_attention_heads"],
+        num_key_value_heads=tc.get("num_key_value_heads") or tc["num_attention_heads"],
+        intermediate_size=tc["intermediate_size"], head_dim=tc.get("head_dim"),
+        target_vocab_size=t.vocab_size, draft_vocab_size=vocab.draft_vocab_size,
+        aux_layer_ids=list(m.aux_layer_ids), final_layer_id=m.final_layer_id,
+        rms_norm_eps=t.rms_norm_eps, rope_theta=_rope_theta(tc),
+        max_position_embeddings=tc.get("max_position_embeddings", 4096),
+    )
+    kw.update(overrides)
+    return DraftConfig(**kw)
+
+
+def build_models(cfg: TrainConfig, dataset: HiddenStatesDataset) -> tuple[Eagle3Draft, TargetHead, DraftConfig]:
+    vocab = VocabMapping.load(cfg.vocab)
+    dcfg = draft_config_for(cfg.target, dataset, vocab, norm_before_residual=cfg.norm_before_residual,
+                            **cfg.draft_overrides)
+    weights = load_target_tensors(read_target(cfg.target))
+    torch.manual_seed(cfg.seed)
+    draft = Eagle3Draft(dcfg)
+    draft.embed_tokens.weight.data.copy_(weights["embed_tokens"])
+    draft.set_vocab(vocab.d2t, vocab.t2d)
+    # Start the draft head from the target head's rows for the draft vocabulary.
+    draft.lm_head.weight.data.copy_(weights["lm_head"][draft.d2t + torch.arange(dcfg.draft_vocab_size)])
+    target = TargetHead(weights["norm"], weights["lm_head"], read_target(cfg.target).rms_norm_eps)
+    return draft, target, dcfg
+
+
+class TTTModule(nn.Module):
+    """Draft + frozen target head behind one ``forward`` so DDP can wrap it."""
+
+    def __init__(self, draft: Eagle3Draft, target: TargetHead, steps: int, decay: float) -> None:
+        super().__init__()
+        self.draft, self.target, self.steps, self.decay = draft, target, steps, decay
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        out = ttt_forward(self.draft, self.target, batch, self.steps, self.decay)
+        stats = torch.stack([torch.stack(out.step_loss), torch.stack(out.correct), torch.stack(out.counted)])
+        return out.loss, stats
+
+
+def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest sample; ``valid`` marks real tokens (causal attention keeps
+    padding invisible to them)."""
+    t = max(s["input_ids"].shape[0] for s in samples)
+    b = len(samples)
+    hs0 = samples[0]["hidden_states"]
+    out = {
+        "input_ids": torch.zeros(b, t, dtype=torch.int64),
+        "loss_mask": torch.zeros(b, t, dtype=torch.bool),
+        "valid": torch.zeros(b, t, dtype=torch.bool),
+        "hidden_states": torch.zeros(b, t, *hs0.shape[1:], dtype=torch.float32),
+    }
+    for i, s in enumerate(samples):
+        n = s["input_ids"].shape[0]
+        out["input_ids"][i, :n] = s["input_ids"]
+        out["loss_mask"][i, :n] = s["loss_mask"].bool()
+        out["valid"][i, :n] = True
+        out["hidden_states"][i, :n] = s["hidden_states"].float()
+    return out
+
+
+def epoch_order(n: int, seed: int, epoch: int, rank: int = 0, world: int = 1) -> list[int]:
+    """This rank's share of the epoch's shuffled sample order. Every rank gets the same count
+    (the ``n % world`` left over are dropped this epoch) or DDP would wait on a missing rank."""
+    g = torch.Generator().manual_seed(seed * 100003 + epoch)
+    order = torch.randperm(n, generator=g).tolist()
+    return order[: n - n % world][rank::world]
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _dist() -> tuple[int, int, torch.device, bool]:
+    """``(rank, world, device, whether we started the process group)``."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, torch.device("cpu"), False
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), world, device, started
+
+
+def _checkpoints(out: Path) -> list[Path]:
+    return sorted((out / CHECKPOINTS).glob("step-*.pt"))
+
+
+def save_checkpoint(out: Path, state: dict[str, Any], keep: int) -> Path:
+    d = out / CHECKPOINTS
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"step-{state['step']:08d}.pt"
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    for old in _checkpoints(out)[:-keep]:
+        old.unlink()
+    return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)  # never unpickle objects
+
+
+def _metric_names(steps: int) -> list[str]:
+    return (["step", "epoch", "lr", "loss", "grad_norm"]
+            + [f"loss_{k}" for k in range(steps)] + [f"acc_{k}" for k in range(steps)])
+
+
+def _reset_csv(path: Path, names: list[str], upto_step: int) -> None:
+    """Keep the header and the rows up to ``upto_step`` (rows after a checkpoint are redone)."""
+    rows = []
+    if path.exists():
+        with path.open() as f:
+            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= upto_step]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=names)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
+    rank, world, device, started_pg = _dist()
+    out = Path(cfg.output_dir)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / TRAIN_CONFIG).write_text(json.dumps(asdict(cfg), indent=1))
+    dataset = HiddenStatesDataset(cfg.dataset)
+    draft, target, dcfg = build_models(cfg, dataset)
+    module = TTTModule(draft, target, cfg.ttt_steps, cfg.ttt_decay).to(device)
+    model: nn.Module = module
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
+    params = [p for p in module.draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    steps_per_epoch = len(epoch_order(len(dataset), cfg.seed, 0, rank, world)) // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(dataset)} samples are fewer than batch_size x world_size = {cfg.batch_size * world}")
+    total = steps_per_epoch * cfg.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, total, cfg.min_lr_ratio))
+
+    step = 0
+    found = _checkpoints(out) if resume else []
+    if found:
+        state = load_checkpoint(found[-1])
+        if (state["num_samples"], state["world_size"], state["batch_size"]) != (len(dataset), world, cfg.batch_size):
+            raise ValueError(
+                f"{found[-1]} was written for {state['num_samples']} samples, world size {state['world_size']}, "
+                f"batch size {state['batch_size']}; now {len(dataset)}, {world}, {cfg.batch_size}: the data "
+                "order would differ, so resuming would not be exact (start over with resume=False / --no-resume)"
+            )
+        module.draft.load_state_dict(state["draft"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        step = int(state["step"])
+    stop = total if cfg.max_steps is None else min(total, cfg.max_steps)
+
+    names = _metric_names(cfg.ttt_steps)
+    tb = None
+    if rank == 0:
+        _reset_csv(out / METRICS_CSV, names, step)
+        if cfg.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                tb = SummaryWriter(str(out / "tensorboard"), purge_step=step)
+            except ImportError:  # tensorboard is optional
+                tb = None
+    bar = None
+    if cfg.progress and rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=stop, initial=step, desc="train", unit="step")
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if cfg.dtype == "bf16" else nullcontext())
+    last: dict[str, float] = {}
+    model.train()
+    while step < stop:
+        epoch, offset = divmod(step, steps_per_epoch)
+        order = epoch_order(len(dataset), cfg.seed, epoch, rank, world)
+        idx = order[offset * cfg.batch_size : (offset + 1) * cfg.batch_size]
+        batch = {k: v.to(device) for k, v in collate([dataset[i] for i in idx]).items()}
+        with autocast:
+            loss, stats = model(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        lr = sched.get_last_lr()[0]
+        opt.step()
+        sched.step()
+        step += 1
+        stats = stats.detach().float()
+        if world > 1:
+            import torch.distributed as dist
+
+            stats[0] *= stats[2]  # loss sums, so ranks are weighted by their token counts
+            dist.all_reduce(stats)
+            stats[0] /= stats[2].clamp_min(1)
+        acc = (stats[1] / stats[2].clamp_min(1)).tolist()
+        # the logged loss is recomposed from the (all-reduced) per-position losses
+        total_loss = sum(cfg.ttt_decay ** k * float(v) for k, v in enumerate(stats[0]))
+        last = {"step": step, "epoch": epoch, "lr": lr, "loss": total_loss,
+                "grad_norm": float(grad_norm), **{f"loss_{k}": float(v) for k, v in enumerate(stats[0])},
+                **{f"acc_{k}": a for k, a in enumerate(acc)}}
+        if rank == 0:
+            with (out / METRICS_CSV).open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=names).writerow(last)
+            if tb is not None:
+                for k, v in last.items():
+                    if k not in ("step", "epoch"):
+                        tb.add_scalar(f"train/{k}", v, step)
+            if step % cfg.checkpoint_every == 0 or step == stop:
+                save_checkpoint(out, {
+                    "step": step, "draft": module.draft.state_dict(), "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
+                    "draft_config": dcfg.to_json(), "num_samples": len(dataset), "world_size": world,
+                    "batch_size": cfg.batch_size,
+                }, cfg.keep_checkpoints)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{acc[0]:.2f}")
+    if bar is not None:
+        bar.close()
+    if rank == 0:
+        if tb is not None:
+            tb.close()
+        save_final(out / FINAL, module.draft)
+        plot_metrics(out / METRICS_CSV, out / METRICS_PNG)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # rank 0 has written final/ before anyone returns
+        if started_pg:
+            dist.destroy_process_group()
+    return TrainResult(step, str(out), last, rank)
+
+
+def save_final(directory: Path, draft: Eagle3Draft) -> None:
+    """The trained draft as safetensors plus its config (the input of ``export``)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(draft.exported_state_dict(), str(directory / "draft.safetensors"))
+    (directory / "draft_config.json").write_text(json.dumps(draft.config.to_json(), indent=1))
+
+
+def load_final(directory: str | os.PathLike[str]) -> tuple[DraftConfig, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    d = Path(directory)
+    if (d / FINAL).is_dir():
+        d = d / FINAL
+    cfg = DraftConfig(**json.loads((d / "draft_config.json").read_text()))
+    return cfg, load_file(str(d / "draft.safetensors"))
+
+
+def plot_metrics(csv_path: Path, png_path: Path) -> Path | None:
+    """Loss and accuracy per TTT position against the step (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    with csv_path.open() as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return None
+    steps = [int(r["step"]) for r in rows]
+    k = sum(1 for n in rows[0] if n.startswith("loss_"))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for i in range(k):
+        a.plot(steps, [float(r[f"loss_{i}"]) for r in rows], label=f"position {i}")
+        b.plot(steps, [float(r[f"acc_{i}"]) for r in rows], label=f"position {i}")
+    a.set(title="loss per TTT position", xlabel="step")
+    b.set(title="accuracy per TTT position", xlabel="step", ylim=(0, 1))
+    a.legend()
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=80)
+    plt.close(fig)
+    return png_path

@@ -1,0 +1,123 @@
+"""Training: it learns, logs per TTT position, and a resumed run equals an uninterrupted one."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from vllm_compat.eagle3.synthetic import write_dataset, write_target
+from vllm_compat.eagle3.train import (
+    CHECKPOINTS,
+    METRICS_CSV,
+    METRICS_PNG,
+    TrainConfig,
+    epoch_order,
+    load_checkpoint,
+    load_final,
+    lr_lambda,
+    train,
+)
+from vllm_compat.eagle3.vocab import build_vocab
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # tiny matmuls on a loaded 2-core box: a second intra-op thread only adds contention
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("train-inputs")
+    write_target(d / "target")
+    write_dataset(d / "ds", d / "target", num_samples=8)
+    build_vocab(d / "ds", 96, draft_vocab_size=32, output_dir=d / "vocab")
+    return d
+
+
+def _cfg(inputs, out, **kw):
+    base = dict(dataset=str(inputs / "ds"), target=str(inputs / "target"), vocab=str(inputs / "vocab"),
+                output_dir=str(out), epochs=2, batch_size=2, lr=3e-3, warmup_steps=2, checkpoint_every=2,
+                dtype="fp32", progress=False, tensorboard=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _rows(out):
+    with (out / METRICS_CSV).open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_loss_falls_and_metrics_are_logged_per_position(inputs, tmp_path):
+    res = train(_cfg(inputs, tmp_path, epochs=6, ttt_steps=2, ttt_decay=0.8))
+    rows = _rows(tmp_path)
+    assert res.step == 24 and [int(r["step"]) for r in rows] == list(range(1, 25))
+    assert set(rows[0]) == {"step", "epoch", "lr", "loss", "grad_norm", "loss_0", "loss_1", "acc_0", "acc_1"}
+    first = sum(float(r["loss_0"]) for r in rows[:4])
+    last = sum(float(r["loss_0"]) for r in rows[-4:])
+    assert last < 0.8 * first, (first, last)
+    assert float(rows[-1]["acc_0"]) > float(rows[0]["acc_0"])
+    assert (tmp_path / METRICS_PNG).stat().st_size > 1000
+    cfg, weights = load_final(tmp_path)
+    assert cfg.aux_layer_ids == [2, 4, 5] and cfg.final_layer_id == 8
+    assert "embed_tokens.weight" not in weights and weights["lm_head.weight"].shape == (32, 16)
+
+
+def test_resume_equals_an_uninterrupted_run(inputs, tmp_path):
+    whole = train(_cfg(inputs, tmp_path / "whole"))
+    # interrupted after step 3 (checkpoints at 2 and 3), and the step-3 checkpoint lost as in a
+    # crash: the rerun restarts from step 2 and must redo step 3 identically
+    part = train(_cfg(inputs, tmp_path / "part", max_steps=3))
+    assert part.step == 3
+    (tmp_path / "part" / CHECKPOINTS / "step-00000003.pt").unlink()
+    resumed = train(_cfg(inputs, tmp_path / "part"))
+    assert resumed.step == whole.step == 8
+    a = load_checkpoint(tmp_path / "whole" / CHECKPOINTS / "step-00000008.pt")
+    b = load_checkpoint(tmp_path / "part" / CHECKPOINTS / "step-00000008.pt")
+    for k in a["draft"]:
+        assert torch.equal(a["draft"][k], b["draft"][k]), k
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(), strict=True):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert a["scheduler"] == b["scheduler"]
+    assert _rows(tmp_path / "whole") == _rows(tmp_path / "part")
+    with pytest.raises(ValueError, match="batch size 2; now 8, 1, 4: the data order would differ"):
+        train(_cfg(inputs, tmp_path / "part", batch_size=4))
+
+
+def test_bf16_autocast_trains(inputs, tmp_path):
+    res = train(_cfg(inputs, tmp_path, dtype="bf16", epochs=1))
+    assert res.step == 4 and all(torch.isfinite(torch.tensor(v)) for v in res.last_metrics.values())
+    _, weights = load_final(tmp_path)
+    assert weights["fc.weight"].dtype == torch.float32  # fp32 master weights
+
+
+def test_schedule_and_data_order():
+    f = lr_lambda(warmup=2, total=10, min_ratio=0.1)
+    assert [round(f(s), 4) for s in (0, 1, 2)] == [0.5, 1.0, 1.0]
+    assert f(10) == pytest.approx(0.1) and f(6) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert epoch_order(10, 0, 1) == epoch_order(10, 0, 1) != epoch_order(10, 0, 2)
+    ranks = [epoch_order(10, 0, 1, r, 2) for r in (0, 1)]
+    assert sorted(ranks[0] + ranks[1]) == list(range(10)) and not set(ranks[0]) & set(ranks[1])
+    uneven = [epoch_order(11, 0, 1, r, 3) for r in (0, 1, 2)]
+    assert [len(u) for u in uneven] == [3, 3, 3] and len(set(sum(uneven, []))) == 9
+
+
+def test_too_few_samples_for_the_batch(inputs, tmp_path):
+    with pytest.raises(ValueError, match="8 samples are fewer than batch_size x world_size = 16"):
+        train(_cfg(inputs, tmp_path, batch_size=16))
+
+
+def test_tensorboard_events_when_installed(inputs, tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is optional")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(_cfg(inputs, tmp_path, epochs=1, tensorboard=True, ttt_steps=2))
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert {"train/loss", "train/loss_0", "train/loss_1", "train/acc_0", "train/acc_1"} <= set(acc.Tags()["scalars"])
+    assert [e.step for e in acc.Scalars("train/acc_1")] == [1, 2, 3, 4]
