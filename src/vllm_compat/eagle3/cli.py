@@ -21,6 +21,21 @@ def _prepare(a: argparse.Namespace) -> int:
     return 0 if rep.kept else 1
 
 
+def _extract(a: argparse.Namespace) -> int:
+    import torch
+
+    from .extract_step import extract_dataset
+
+    kw = {}
+    if a.backend == "vllm":
+        kw = dict(max_num_batched_tokens=a.max_num_batched_tokens, tensor_parallel_size=a.tensor_parallel_size)
+    n = extract_dataset(a.target, a.prepared, a.output, a.aux_layer_ids, backend=a.backend,
+                        dtype=getattr(torch, a.dtype), samples_per_shard=a.samples_per_shard,
+                        progress=not a.no_progress, **kw)
+    print(json.dumps({"samples": n, "output": a.output}))
+    return 0
+
+
 def _vocab(a: argparse.Namespace) -> int:
     from .target import read_target
     from .vocab import build_vocab
@@ -71,7 +86,7 @@ def _validate(a: argparse.Namespace) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``eagle3`` and its steps on ``subparsers``."""
-    p = subparsers.add_parser("eagle3", help="EAGLE-3 draft pipeline: prepare, vocab, train, export, validate")
+    p = subparsers.add_parser("eagle3", help="EAGLE-3 draft pipeline: prepare, extract, vocab, train, export, validate")
     steps = p.add_subparsers(dest="eagle3_step", required=True)
 
     s = steps.add_parser("prepare", help="chat/completion JSONL -> token ids + assistant loss mask")
@@ -81,6 +96,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--max-length", type=int, default=4096)
     s.add_argument("--output", "-o", required=True)
     s.set_defaults(func=_prepare)
+
+    s = steps.add_parser("extract", help="hidden states of the prepare output -> shard dataset (resumable)")
+    s.add_argument("prepared", help="prepare output directory")
+    s.add_argument("--target", required=True, help="target model directory")
+    s.add_argument("--output", "-o", required=True)
+    s.add_argument("--aux-layer-ids", type=int, nargs="+", help="default: EAGLE-3's (2, L//2, L-3)")
+    s.add_argument("--backend", choices=("vllm", "transformers"), default="vllm")
+    s.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    s.add_argument("--samples-per-shard", type=int, default=256)
+    s.add_argument("--max-num-batched-tokens", type=int)
+    s.add_argument("--tensor-parallel-size", type=int, default=1)
+    s.set_defaults(func=_extract)
 
     s = steps.add_parser("vocab", help="draft vocabulary (d2t/t2d) from loss-masked token counts")
     s.add_argument("dataset", help="hidden-state dataset or prepare output directory")

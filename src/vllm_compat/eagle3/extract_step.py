@@ -1,0 +1,93 @@
+"""``eagle3 extract``: hidden states of a ``prepare`` output into a shard dataset.
+
+Drives :class:`vllm_compat.extract.HiddenStatesExtractor` (vLLM, GPU) or, for CPU runs
+and as a reference, HF transformers. Restarting continues after the last sample already
+written: samples come back in input order, so the dataset's sample count is the resume
+point, and shards are written atomically by :class:`ShardWriter`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..extract.layers import (
+    eagle3_default_layers, hidden_size_from_config, num_layers_from_config, read_model_config,
+    validate_layer_ids,
+)
+from .data import ShardWriter
+from .prepare import iter_token_records
+
+BACKENDS = ("vllm", "transformers")
+
+
+def aux_layer_ids_for(target_dir: str | os.PathLike[str], aux_layer_ids: Sequence[int] | None) -> tuple[int, ...]:
+    """The aux ids to capture (EAGLE-3 default when None); the final layer L is added separately."""
+    n = num_layers_from_config(read_model_config(str(target_dir)))
+    ids = eagle3_default_layers(n, include_final=False) if aux_layer_ids is None else tuple(aux_layer_ids)
+    ids = validate_layer_ids(ids, n)
+    if n in ids:
+        raise ValueError(f"aux layer ids must not contain the final layer {n}: it is stored separately")
+    return ids
+
+
+def extract_dataset(
+    target_dir: str | os.PathLike[str],
+    records_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    aux_layer_ids: Sequence[int] | None = None,
+    *,
+    backend: str = "vllm",
+    dtype: torch.dtype = torch.bfloat16,
+    samples_per_shard: int = 256,
+    progress: bool = True,
+    **extractor_kwargs: Any,
+) -> int:
+    """Write ``input_ids`` / ``loss_mask`` / ``hidden_states [T, n_aux + 1, H]`` shards; resumable.
+
+    Returns the number of samples in the dataset. ``extractor_kwargs`` go to
+    ``HiddenStatesExtractor`` (``max_num_batched_tokens``, ``tensor_parallel_size``, ...).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    aux = aux_layer_ids_for(target_dir, aux_layer_ids)
+    if backend == "transformers":
+        from .hf_reference import extract_with_transformers
+
+        return extract_with_transformers(target_dir, records_dir, output_dir, aux, dtype=dtype,
+                                         samples_per_shard=samples_per_shard)
+    from tqdm import tqdm
+
+    from ..extract import HiddenStatesExtractor
+
+    cfg = read_model_config(str(target_dir))
+    n = num_layers_from_config(cfg)
+    writer = ShardWriter(
+        output_dir, hidden_size=hidden_size_from_config(cfg), aux_layer_ids=list(aux),
+        final_layer_id=n, dtype=dtype, samples_per_shard=samples_per_shard,
+        target={"name_or_path": str(Path(target_dir).resolve()), "vocab_size": cfg.get("vocab_size"),
+                "num_hidden_layers": n},
+    )
+    done = writer.num_samples
+    records = list(_records_from(records_dir, done))
+    try:
+        if records:
+            with HiddenStatesExtractor(str(target_dir), layer_ids=[*aux, n], **extractor_kwargs) as ex:
+                stream = ex.extract(ids.tolist() for ids, _ in records)
+                for sample in tqdm(stream, total=len(records), initial=0, disable=not progress,
+                                   desc="extract"):
+                    ids, mask = records[sample.index]
+                    writer.add({"input_ids": ids, "loss_mask": mask, "hidden_states": sample.hidden_states})
+    finally:
+        manifest = writer.close()
+    return manifest.num_samples
+
+
+def _records_from(records_dir: str | os.PathLike[str], start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for i, rec in enumerate(iter_token_records(records_dir)):
+        if i >= start:
+            yield rec
