@@ -43,6 +43,9 @@ def make_async(output):
         def get_output(self):
             return output
 
+        def get_kv_connector_output(self):  # abstract from 0.33 (salvages KV output on failure)
+            return getattr(output, "kv_connector_output", None)
+
     return Pending()
 
 
