@@ -118,22 +118,24 @@ def unit(session: nox.Session) -> None:
                 env=TEST_ENV)
 
 
+def _release(session: nox.Session, vllm: str) -> None:
+    install_cpu_torch(session)
+    install_vllm(session, f"vllm=={vllm}", vllm)
+    run_conformance(session, vllm)
+
+
 @nox.session(python=PYTHON)
 @nox.parametrize("vllm", RELEASES)
 def conformance(session: nox.Session, vllm: str) -> None:
     """The conformance suite against the real vLLM ``vllm`` on CPU."""
-    install_cpu_torch(session)
-    install_vllm(session, f"vllm=={vllm}", vllm)
-    run_conformance(session, vllm)
+    _release(session, vllm)
 
 
 @nox.session(python=PYTHON)
 @nox.parametrize("vllm", CI_RELEASES)
 def conformance_ci(session: nox.Session, vllm: str) -> None:
     """The CI subset of the matrix: one release per era plus 0.16.0."""
-    install_cpu_torch(session)
-    install_vllm(session, f"vllm=={vllm}", vllm)
-    run_conformance(session, vllm)
+    _release(session, vllm)
 
 
 @nox.session(python=PYTHON)
