@@ -325,10 +325,7 @@ def _hash_block_size(kv_cache_config: KVCacheConfig, vllm_config: VllmConfig, de
     # 0.20 added resolve_kv_cache_block_sizes (context parallelism scales the hash
     # block size); before it the hash block size was always the KV block size.
     if hasattr(kcu, "resolve_kv_cache_block_sizes"):
-        try:
-            return kcu.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)[1]
-        except Exception:  # pragma: no cover - releases whose helper needs engine state
-            return default
+        return kcu.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)[1]
     return default
 
 
