@@ -20,6 +20,8 @@ class Run:
     # req_id -> num_computed_tokens when the request was first scheduled (prefix-cache hit)
     first_computed: dict[str, int] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
+    # req_id -> tokens scheduled per step (chunked prefill shows up as several entries)
+    chunks: dict[str, list[int]] = field(default_factory=dict)
     outputs: dict[str, list[int]] = field(default_factory=dict)
     max_blocks_in_use: int = 0
 
@@ -35,6 +37,8 @@ def step(scheduler, run: Run) -> None:
     total = scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1  # minus the null block
     run.max_blocks_in_use = max(run.max_blocks_in_use, total - free_blocks(scheduler))
     req_ids = list(so.num_scheduled_tokens)
+    for rid, n in so.num_scheduled_tokens.items():
+        run.chunks.setdefault(rid, []).append(n)
     sampled = []
     for rid in req_ids:
         req = scheduler.requests[rid]

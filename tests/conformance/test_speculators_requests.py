@@ -70,34 +70,9 @@ def add_prompts(sched, prompts: list[list[int]], prefix: str = "req_0_") -> dict
     return index
 
 
-class ChunkLog(Run):
-    """A driver Run that also records, per step, how many tokens each request was given."""
-
-    def __init__(self):
-        super().__init__()
-        self.chunks: dict[str, list[int]] = {}
-
-
-def run_logged(sched) -> ChunkLog:
-    log = ChunkLog()
-    while sched.has_unfinished_requests():
-        so = vc.schedule(sched)
-        for rid, n in so.num_scheduled_tokens.items():
-            log.chunks.setdefault(rid, []).append(n)
-        # driver.step's fabricated model output, on the schedule logged above
-        req_ids = list(so.num_scheduled_tokens)
-        sampled = [[FAKE_TOKEN] if sched.requests[r].num_computed_tokens
-                   >= sched.requests[r].num_tokens else [] for r in req_ids]
-        eco = vc.update_from_output(sched, so, vc.make_model_runner_output(req_ids, sampled))
-        for out in eco.values():
-            for o in out.outputs:
-                log.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
-                if o.finish_reason is not None:
-                    log.finished.add(o.request_id)
-        log.steps += 1
-        assert log.steps < 500, "scheduler did not finish"
-    vc.schedule(sched)
-    return log
+def run_logged(sched) -> Run:
+    """driver.run_until_done: fabricated outputs, chunk sizes per request in ``Run.chunks``."""
+    return run_until_done(sched, max_steps=500)
 
 
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["caching-off", "caching-on"])
