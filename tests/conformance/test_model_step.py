@@ -173,8 +173,13 @@ def test_v2_runner_contract_where_present(info):
     except Exception as exc:  # noqa: BLE001 - its CUDA-only imports may fail on CPU
         pytest.skip(f"Model Runner V2 does not import on CPU here: {type(exc).__name__}: {exc}")
     assert "grammar_output" in inspect.signature(V2Runner.sample_tokens).parameters
-    runner = object.__new__(V2Runner)
-    assert vc.runner_flavour(runner) == "" or vc.runner_flavour(type("W", (), {"model_runner": runner})()) == "v2"
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1Runner
+
+    def worker_with(runner_cls):  # a Worker's shape: .model_runner holds the real class
+        return type("W", (), {"model_runner": object.__new__(runner_cls)})()
+
+    assert vc.runner_flavour(worker_with(V2Runner)) == "v2"
+    assert vc.runner_flavour(worker_with(V1Runner)) == "v1"
 
 
 def test_collective_rpc_one_shape_on_every_release(sched, info, vllm_version):
