@@ -520,6 +520,12 @@ class Session:
     def has_unfinished(self) -> bool:
         return bool(self.core.scheduler.has_unfinished_requests())
 
+    def kv_blocks(self) -> tuple[int, int]:
+        """``(free, total)`` KV-cache blocks of the scheduler's pool (same attributes
+        0.10.2-0.33.0). The null block is never free, so an idle pool shows total - 1."""
+        pool = self.core.scheduler.kv_cache_manager.block_pool
+        return int(pool.get_num_free_blocks()), int(pool.num_gpu_blocks)
+
     def step(self) -> dict[str, torch.Tensor]:
         sched = self.core.scheduler
         so = schedule(sched)

@@ -169,8 +169,8 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
 def _dist() -> tuple[int, int, torch.device, bool]:
     """``(rank, world, device, whether we started the process group)``."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1, torch.device("cpu"), False
+    if world == 1:  # one process: the first GPU when there is one (CUDA_VISIBLE_DEVICES picks it)
+        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu"), False
     import torch.distributed as dist
 
     local = int(os.environ.get("LOCAL_RANK", "0"))

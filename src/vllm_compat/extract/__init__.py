@@ -98,6 +98,14 @@ class HiddenStatesExtractor:
         return dict(self._session.info, steps=self._session.num_steps,
                     max_step_tokens=self._session.max_step_tokens)
 
+    def kv_blocks(self) -> tuple[int, int]:
+        """``(free, total)`` KV-cache blocks; between ``extract`` calls every block but the
+        null block must be free again (a leak check for long runs). Not for ``native``."""
+        if self._session.plan.mode == "native":
+            raise RuntimeError("kv_blocks() needs the aux or hooks backend (native runs "
+                               "through LLM.generate, whose engine core is not ours)")
+        return self._session.kv_blocks()
+
     @property
     def llm(self) -> Any:
         return self._session.llm
