@@ -299,8 +299,10 @@ def test_generator_extractor_kwargs_and_layer_validation(tiny_model):
     kw = RecordingExtractor.calls[-1][1]
     assert kw["layer_ids"] == [0, 6] and kw["max_num_batched_tokens"] == 512
     assert kw["enforce_eager"] is False and kw["dtype"] == "bfloat16"
-    assert kw["trust_remote_code"] is True
+    assert kw["trust_remote_code"] is False  # speculators 0.4 forced True; ours is opt-in
     g.shutdown()
+    VllmHiddenStatesGenerator(tiny_model, [0, 6], legacy_layer_indices=False, trust_remote_code=True).shutdown()
+    assert RecordingExtractor.calls[-1][1]["trust_remote_code"] is True
     with pytest.raises(ValueError, match="out of bounds"):
         VllmHiddenStatesGenerator(tiny_model, [6], legacy_layer_indices=True)
-    assert len(RecordingExtractor.calls) == 1  # no engine started for invalid ids
+    assert len(RecordingExtractor.calls) == 2  # no engine started for invalid ids

@@ -10,15 +10,29 @@ One sample is a dict of tensors:
 Any other tensor in a sample is stored and returned as is. Layer ids follow vLLM's
 convention: id ``k`` is the state *entering* decoder layer ``k``; ``L`` is the final state.
 
-The writer is append-only and crash-safe: a shard is written to a temporary name and
-renamed, then the manifest is rewritten the same way, so a reader (or a resumed writer)
-only ever sees complete shards. Nothing is unpickled: tensors go through safetensors.
+Crash safety (docs/reliability-data.md). The writer is append-only and holds the directory's
+lock (:mod:`vllm_compat.locking`). Every file is written to ``<name>.tmp``, fsynced, renamed,
+and the directory fsynced. A shard is committed in three steps: the manifest records it as
+``pending`` (name, sample and token counts, size, sha256), the shard file is written, the
+manifest moves it to ``shards``. So at any instant, a crash included, the shard files present
+are the committed shards plus possibly the pending one (complete: it is renamed only after
+its fsync); a reader ignores the pending shard, and a resumed writer keeps it when its bytes
+match the recorded sha256 (otherwise deletes it) and removes stale ``*.tmp`` files.
+
+Reading checks every shard against the manifest when the dataset is opened (presence, size,
+safetensors header: keys, dtypes, shapes, sample and token counts) and each sample's hidden
+states for NaN/Inf when it is read; errors name the file. Names in the manifest must stay
+inside the directory (no ``..``, absolute paths or symlinks that lead out). Nothing is
+unpickled: tensors go through safetensors.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,16 +40,85 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as _safetensors_bytes
+
+from ..errors import VllmCompatError
+from ..locking import TMP_SUFFIX, OutputDirLock, atomic_write_bytes, lock_output_dir
+
+log = logging.getLogger(__name__)
 
 FORMAT = "vllm-compat-eagle3-hidden-states"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 REQUIRED_KEYS = ("input_ids", "loss_mask", "hidden_states")
+_SHARD_NAME = re.compile(r"shard-\d{5,}\.safetensors")
+_KEY = re.compile(r"(\d+)\.(.+)")
+_MAX_HEADER = 100 << 20  # safetensors' own limit
+# safetensors dtype codes -> torch names (as the manifest's "dtype")
+_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
+           "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64", "F16": "float16",
+           "BF16": "bfloat16", "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn",
+           "F8_E5M2": "float8_e5m2"}
 
 
-class DatasetFormatError(ValueError):
+class DatasetFormatError(VllmCompatError, ValueError):
     """A dataset directory or sample that does not follow the format above."""
+
+
+class InvalidShardError(DatasetFormatError):
+    """One file of the dataset is unreadable or disagrees with the manifest.
+
+    ``str(err)`` is ``"<path>: <reason>"``; both are attributes too.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+class UnsafePathError(DatasetFormatError):
+    """A manifest names a file outside the dataset directory; never skipped."""
+
+
+@dataclass(frozen=True)
+class SkippedShard:
+    """A shard ``HiddenStatesDataset(on_invalid="skip")`` left out, and why."""
+
+    file: str
+    reason: str
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _member(directory: Path, name: Any, where: Path) -> Path:
+    """``directory / name``, refusing names that lead outside ``directory``."""
+    if not isinstance(name, str) or not name:
+        raise DatasetFormatError(f"{where}: shard file name {name!r} is not a file name")
+    p = Path(name)
+    if p.is_absolute() or ".." in p.parts:
+        raise UnsafePathError(f"{where}: shard file {name!r} is outside the dataset directory")
+    full = directory / p
+    root = directory.resolve()
+    real = full.resolve()
+    if real != root and root not in real.parents:
+        raise UnsafePathError(
+            f"{where}: shard file {name!r} is a link to {real}, outside the dataset directory"
+        )
+    return full
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def _shard_entry(d: Any, where: Path) -> dict[str, Any]:
+    if not isinstance(d, dict) or not isinstance(d.get("file"), str):
+        raise DatasetFormatError(f"{where}: shard entry {d!r} has no 'file'")
+    for k in ("num_samples", "num_tokens"):
+        if not isinstance(d.get(k), int) or isinstance(d.get(k), bool) or d[k] < 0:
+            raise DatasetFormatError(f"{where}: shard {d['file']!r}: {k} must be an integer >= 0")
+    return dict(d)
 
 
 @dataclass
@@ -46,6 +129,7 @@ class Manifest:
     dtype: str = "bfloat16"
     shards: list[dict[str, Any]] = field(default_factory=list)
     target: dict[str, Any] = field(default_factory=dict)  # e.g. name_or_path, vocab_size
+    pending: dict[str, Any] | None = None  # the shard being committed (not part of the dataset)
 
     @property
     def num_samples(self) -> int:
@@ -61,60 +145,198 @@ class Manifest:
         return [*self.aux_layer_ids, self.final_layer_id]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d = {
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "hidden_size": self.hidden_size, "aux_layer_ids": self.aux_layer_ids,
             "final_layer_id": self.final_layer_id, "dtype": self.dtype,
             "num_samples": self.num_samples, "num_tokens": self.num_tokens,
             "target": self.target, "shards": self.shards,
         }
+        if self.pending is not None:
+            d["pending"] = self.pending
+        return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Manifest:
-        if d.get("format") != FORMAT or d.get("format_version") != FORMAT_VERSION:
+    def from_json(cls, d: dict[str, Any], where: str | os.PathLike[str] = MANIFEST) -> Manifest:
+        where = Path(where)
+        if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("format_version") != FORMAT_VERSION:
+            d = d if isinstance(d, dict) else {}
             raise DatasetFormatError(
-                f"not a {FORMAT} v{FORMAT_VERSION} manifest "
+                f"{where}: not a {FORMAT} v{FORMAT_VERSION} manifest "
                 f"(format={d.get('format')!r}, version={d.get('format_version')!r})"
             )
-        return cls(
-            hidden_size=int(d["hidden_size"]), aux_layer_ids=[int(i) for i in d["aux_layer_ids"]],
-            final_layer_id=int(d["final_layer_id"]), dtype=d.get("dtype", "bfloat16"),
-            shards=list(d["shards"]), target=dict(d.get("target") or {}),
-        )
+        try:
+            shards = d["shards"]
+            if not isinstance(shards, list):
+                raise DatasetFormatError(f"{where}: 'shards' must be a list")
+            pending = d.get("pending")
+            return cls(
+                hidden_size=int(d["hidden_size"]), aux_layer_ids=[int(i) for i in d["aux_layer_ids"]],
+                final_layer_id=int(d["final_layer_id"]), dtype=str(d.get("dtype", "bfloat16")),
+                shards=[_shard_entry(s, where) for s in shards], target=dict(d.get("target") or {}),
+                pending=None if pending is None else _shard_entry(pending, where),
+            )
+        except KeyError as e:
+            raise DatasetFormatError(f"{where}: missing {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            if isinstance(e, DatasetFormatError):
+                raise
+            raise DatasetFormatError(f"{where}: malformed ({e})") from None
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise DatasetFormatError(f"{directory}: no {MANIFEST} (not a dataset directory)")
-    return Manifest.from_json(json.loads(path.read_text()))
+    try:
+        d = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DatasetFormatError(f"{path}: not valid JSON ({e})") from None
+    return Manifest.from_json(d, path)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _check_shapes(shapes: dict[str, tuple[int, ...]], n_layers: int, hidden_size: int) -> None:
+    missing = [k for k in REQUIRED_KEYS if k not in shapes]
+    if missing:
+        raise DatasetFormatError(f"sample lacks {missing}")
+    ids, mask, hs = shapes["input_ids"], shapes["loss_mask"], shapes["hidden_states"]
+    t = ids[0] if len(ids) == 1 else -1
+    if len(ids) != 1 or t == 0:
+        raise DatasetFormatError(f"input_ids must be a non-empty 1-D tensor, got {ids}")
+    if mask != (t,):
+        raise DatasetFormatError(f"loss_mask shape {mask} != input_ids shape ({t},)")
+    if hs != (t, n_layers, hidden_size):
+        raise DatasetFormatError(
+            f"hidden_states shape {hs} != (T, n_aux + 1, H) = ({t}, {n_layers}, {hidden_size})"
+        )
 
 
 def check_sample(sample: dict[str, torch.Tensor], n_layers: int, hidden_size: int) -> None:
     """Raise :class:`DatasetFormatError` unless ``sample`` has the documented shapes."""
-    missing = [k for k in REQUIRED_KEYS if k not in sample]
-    if missing:
-        raise DatasetFormatError(f"sample lacks {missing}")
-    ids, mask, hs = sample["input_ids"], sample["loss_mask"], sample["hidden_states"]
-    t = ids.shape[0] if ids.dim() == 1 else -1
-    if ids.dim() != 1 or t == 0:
-        raise DatasetFormatError(f"input_ids must be a non-empty 1-D tensor, got {tuple(ids.shape)}")
-    if tuple(mask.shape) != (t,):
-        raise DatasetFormatError(f"loss_mask shape {tuple(mask.shape)} != input_ids shape ({t},)")
-    if tuple(hs.shape) != (t, n_layers, hidden_size):
-        raise DatasetFormatError(
-            f"hidden_states shape {tuple(hs.shape)} != (T, n_aux + 1, H) = ({t}, {n_layers}, {hidden_size})"
-        )
+    _check_shapes({k: tuple(v.shape) for k, v in sample.items()}, n_layers, hidden_size)
+
+
+def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The header of a safetensors file, checked against the file's size (catches truncation
+    without reading the tensors). Raises :class:`InvalidShardError`."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise InvalidShardError(path, f"truncated: {size} bytes, not a safetensors file")
+            n = int.from_bytes(f.read(8), "little")
+            if n > _MAX_HEADER or 8 + n > size:
+                raise InvalidShardError(
+                    path, f"truncated: {size} bytes, shorter than its {n}-byte safetensors header")
+            raw = f.read(n)
+    except OSError as e:
+        raise InvalidShardError(path, f"unreadable ({e.strerror})") from None
+    try:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("not an object")
+        end = 0
+        for k, v in header.items():
+            if k != "__metadata__":
+                end = max(end, int(v["data_offsets"][1]))
+                v["dtype"], v["shape"] = str(v["dtype"]), tuple(int(x) for x in v["shape"])
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise InvalidShardError(path, f"not a safetensors file (bad header: {e})") from None
+    if 8 + n + end != size:
+        what = "truncated" if 8 + n + end > size else "has trailing bytes"
+        raise InvalidShardError(path, f"{what}: {size} bytes, its safetensors header describes {8 + n + end}")
+    header.pop("__metadata__", None)
+    return header
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_shard(path: str | os.PathLike[str], entry: dict[str, Any], manifest: Manifest, *,
+                full: bool = False) -> None:
+    """Check one shard file against its manifest entry; raise :class:`InvalidShardError`.
+
+    Always: size (when recorded), header, tensor names, dtypes and shapes, sample and token
+    counts. ``full``: also the sha256 (when recorded) and NaN/Inf in every hidden state.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidShardError(path, f"listed in {MANIFEST} but missing")
+    header = read_safetensors_header(path)
+    size = path.stat().st_size
+    if "bytes" in entry and entry["bytes"] != size:
+        raise InvalidShardError(path, f"{size} bytes, {MANIFEST} says {entry['bytes']}")
+    samples: dict[int, dict[str, dict[str, Any]]] = {}
+    for k, v in header.items():
+        m = _KEY.fullmatch(k)
+        if m is None:
+            raise InvalidShardError(path, f"unexpected tensor name {k!r} (expected '<sample>.<key>')")
+        samples.setdefault(int(m.group(1)), {})[m.group(2)] = v
+    if sorted(samples) != list(range(len(samples))):
+        raise InvalidShardError(path, f"sample numbers {sorted(samples)} are not 0..{len(samples) - 1}")
+    if len(samples) != entry["num_samples"]:
+        raise InvalidShardError(path, f"holds {len(samples)} samples, {MANIFEST} says {entry['num_samples']}")
+    n_layers, want_dtypes = len(manifest.layer_ids), {
+        "input_ids": "int64", "loss_mask": "bool", "hidden_states": manifest.dtype}
+    tokens = 0
+    for j in range(len(samples)):
+        s = samples[j]
+        try:
+            _check_shapes({k: v["shape"] for k, v in s.items()}, n_layers, manifest.hidden_size)
+        except DatasetFormatError as e:
+            raise InvalidShardError(path, f"sample {j}: {e}") from None
+        for key, want in want_dtypes.items():
+            have = _DTYPES.get(s[key]["dtype"], s[key]["dtype"])
+            if have != want:
+                src = f"{MANIFEST} says" if key == "hidden_states" else "expected"
+                raise InvalidShardError(path, f"sample {j}: {key} dtype {have}, {src} {want}")
+        tokens += s["input_ids"]["shape"][0]
+    if tokens != entry["num_tokens"]:
+        raise InvalidShardError(path, f"holds {tokens} tokens, {MANIFEST} says {entry['num_tokens']}")
+    if full:
+        if "sha256" in entry and _sha256(path) != entry["sha256"]:
+            raise InvalidShardError(path, f"sha256 differs from {MANIFEST} (the file changed after it was written)")
+        with safe_open(str(path), framework="pt") as f:
+            for j in range(len(samples)):
+                _check_finite(path, j, f.get_tensor(f"{j}.hidden_states"))
+
+
+def _check_finite(path: Path, j: int, hs: torch.Tensor) -> None:
+    if hs.is_floating_point() and hs.element_size() == 1:
+        hs = hs.to(torch.float16)  # isfinite has no float8 kernels; fp8 NaN survives the cast
+    bad = int((~torch.isfinite(hs)).sum()) if hs.is_floating_point() else 0
+    if bad:
+        raise InvalidShardError(path, f"sample {j}: hidden_states has {bad} non-finite values (NaN/Inf)")
+
+
+def _stray_shard_files(directory: Path, manifest: Manifest) -> list[Path]:
+    """``*.safetensors`` files the manifest does not list (the pending shard excepted)."""
+    known = {Path(s["file"]).as_posix() for s in manifest.shards}
+    if manifest.pending is not None:
+        known.add(Path(manifest.pending["file"]).as_posix())
+    return sorted(p for p in directory.iterdir()
+                  if p.name.endswith(".safetensors") and p.name not in known)
+
+
+# --------------------------------------------------------------------------- writer
 
 
 class ShardWriter:
-    """Append samples to a dataset directory; reopening an existing one continues it."""
+    """Append samples to a dataset directory; reopening an existing one continues it.
+
+    Holds the directory's lock (:func:`vllm_compat.locking.lock_output_dir`) until
+    :meth:`close`; another process opening a writer on it gets
+    :class:`~vllm_compat.locking.OutputDirLockedError`. Shards are always
+    ``samples_per_shard`` samples except the one :meth:`close` flushes, so a run killed and
+    resumed (samples buffered in memory are recomputed) writes the same bytes as one that
+    never stopped.
+    """
 
     def __init__(
         self,
@@ -128,23 +350,57 @@ class ShardWriter:
         target: dict[str, Any] | None = None,
     ) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.dtype = dtype
         self.samples_per_shard = samples_per_shard
-        wanted = Manifest(hidden_size, list(aux_layer_ids), final_layer_id,
-                          str(dtype).removeprefix("torch."), target=dict(target or {}))
-        if (self.dir / MANIFEST).exists():
-            have = read_manifest(self.dir)
-            if (have.hidden_size, have.layer_ids) != (wanted.hidden_size, wanted.layer_ids):
-                raise DatasetFormatError(
-                    f"{self.dir} holds hidden_size={have.hidden_size} layers={have.layer_ids}; "
-                    f"cannot append hidden_size={hidden_size} layers={wanted.layer_ids}"
-                )
-            self.manifest = have
-        else:
-            self.manifest = wanted
-            self._write_manifest()
+        self._lock: OutputDirLock | None = lock_output_dir(self.dir, "ShardWriter")
+        try:
+            wanted = Manifest(hidden_size, list(aux_layer_ids), final_layer_id,
+                              str(dtype).removeprefix("torch."), target=dict(target or {}))
+            if (self.dir / MANIFEST).exists():
+                have = read_manifest(self.dir)
+                if (have.hidden_size, have.layer_ids) != (wanted.hidden_size, wanted.layer_ids):
+                    raise DatasetFormatError(
+                        f"{self.dir} holds hidden_size={have.hidden_size} layers={have.layer_ids}; "
+                        f"cannot append hidden_size={hidden_size} layers={wanted.layer_ids}"
+                    )
+                self.manifest = have
+                self._recover()
+            else:
+                self._remove_stale_tmp()
+                self.manifest = wanted
+                self._write_manifest()
+        except BaseException:
+            self._release()
+            raise
         self._pending: list[dict[str, torch.Tensor]] = []
+
+    def _remove_stale_tmp(self) -> None:
+        for p in self.dir.iterdir():
+            if p.name.endswith(TMP_SUFFIX) and (
+                    p.name == MANIFEST + TMP_SUFFIX or _SHARD_NAME.fullmatch(p.name[:-len(TMP_SUFFIX)])):
+                p.unlink()
+
+    def _recover(self) -> None:
+        """After a crash: drop temporary files, keep or drop the pending shard, and refuse to
+        append to a dataset whose committed shards are missing or changed in size."""
+        where = self.dir / MANIFEST
+        for s in self.manifest.shards:
+            path = _member(self.dir, s["file"], where)
+            if not path.is_file():
+                raise InvalidShardError(path, f"listed in {MANIFEST} but missing")
+            if "bytes" in s and path.stat().st_size != s["bytes"]:
+                raise InvalidShardError(path, f"{path.stat().st_size} bytes, {MANIFEST} says {s['bytes']}")
+        self._remove_stale_tmp()
+        p = self.manifest.pending
+        if p is None:
+            return
+        path = _member(self.dir, p["file"], where)
+        if path.is_file() and "sha256" in p and _sha256(path) == p["sha256"]:
+            self.manifest.shards.append(p)  # complete: renamed only after its fsync
+        elif path.exists():
+            path.unlink()
+        self.manifest.pending = None
+        self._write_manifest()
 
     @property
     def num_samples(self) -> int:
@@ -152,6 +408,8 @@ class ShardWriter:
         return self.manifest.num_samples + len(self._pending)
 
     def add(self, sample: dict[str, torch.Tensor]) -> None:
+        if self._lock is None:
+            raise RuntimeError(f"ShardWriter for {self.dir} is closed")
         check_sample(sample, len(self.manifest.layer_ids), self.manifest.hidden_size)
         self._pending.append(sample)
         if len(self._pending) >= self.samples_per_shard:
@@ -172,19 +430,32 @@ class ShardWriter:
                 elif k == "hidden_states":
                     v = v.to(self.dtype)
                 tensors[f"{i}.{k}"] = v.detach().cpu().contiguous()
-        tmp = self.dir / (name + ".tmp")
-        save_file(tensors, str(tmp))
-        os.replace(tmp, self.dir / name)
-        self.manifest.shards.append({
+        data = _safetensors_bytes(tensors)
+        entry = {
             "file": name, "num_samples": len(self._pending),
             "num_tokens": int(sum(s["input_ids"].shape[0] for s in self._pending)),
-        })
-        self._pending = []
+            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        }
+        self.manifest.pending = entry  # 1. intent
         self._write_manifest()
+        atomic_write_bytes(self.dir / name, data)  # 2. the shard
+        self.manifest.shards.append(entry)  # 3. commit
+        self.manifest.pending = None
+        self._write_manifest()
+        self._pending = []
 
     def close(self) -> Manifest:
-        self.flush()
+        try:
+            if self._lock is not None:
+                self.flush()
+        finally:
+            self._release()
         return self.manifest
+
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -193,32 +464,96 @@ class ShardWriter:
         self.close()
 
     def _write_manifest(self) -> None:
-        _atomic_write_text(self.dir / MANIFEST, json.dumps(self.manifest.to_json(), indent=1))
+        atomic_write_bytes(self.dir / MANIFEST, json.dumps(self.manifest.to_json(), indent=1).encode())
+
+
+# --------------------------------------------------------------------------- reader
+
+
+ON_INVALID = ("raise", "skip")
+VERIFY = ("header", "full")
 
 
 class HiddenStatesDataset(torch.utils.data.Dataset):
-    """Random access over a dataset directory; keeps the most recently used shard open."""
+    """Random access over a dataset directory; keeps the most recently used shard open.
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    Opening checks every shard against the manifest (:func:`check_shard`): ``verify="header"``
+    reads only each file's size and safetensors header; ``verify="full"`` also reads every
+    tensor (sha256, NaN/Inf). Files the manifest does not list are errors too. With
+    ``on_invalid="raise"`` (default) the first problem raises :class:`InvalidShardError`
+    naming the file; with ``"skip"`` the bad shards are left out and listed in
+    :attr:`skipped` (file and reason) and logged. A manifest that names a file outside the
+    directory always raises :class:`UnsafePathError`. Samples read are checked for NaN/Inf
+    (``check_finite``), raising :class:`InvalidShardError` with the file and sample number.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, on_invalid: str = "raise",
+                 verify: str = "header", check_finite: bool = True) -> None:
+        if on_invalid not in ON_INVALID:
+            raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {on_invalid!r}")
+        if verify not in VERIFY:
+            raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
         self.dir = Path(directory)
         self.manifest = read_manifest(self.dir)
+        self.on_invalid = on_invalid
+        self.check_finite = check_finite
+        self.skipped: list[SkippedShard] = []
+        where = self.dir / MANIFEST
+        paths = [_member(self.dir, s["file"], where) for s in self.manifest.shards]
+        pending = self.manifest.pending
+        if pending is not None:
+            path = _member(self.dir, pending["file"], where)
+            # not part of the dataset; but our writer renames it only once complete, so a
+            # partial one means a non-atomic writer or a modified file
+            if path.is_file() and "bytes" in pending and path.stat().st_size != pending["bytes"]:
+                self._invalid(InvalidShardError(
+                    path, f"uncommitted shard ('pending' in {MANIFEST}) has {path.stat().st_size} bytes, "
+                          f"{MANIFEST} says {pending['bytes']}: written in place or modified"))
+        seen: set[Path] = set()
+        self._shards: list[tuple[Path, dict[str, Any]]] = []
+        for path, entry in zip(paths, self.manifest.shards):
+            try:
+                if path.resolve() in seen:
+                    raise InvalidShardError(path, f"listed twice in {MANIFEST}")
+                seen.add(path.resolve())
+                check_shard(path, entry, self.manifest, full=verify == "full")
+            except InvalidShardError as e:
+                self._invalid(e)
+                continue
+            self._shards.append((path, entry))
+        for stray in _stray_shard_files(self.dir, self.manifest):
+            self._invalid(InvalidShardError(stray, f"shard file not listed in {MANIFEST}"))
         self._index: list[tuple[int, int]] = [
-            (s, j) for s, shard in enumerate(self.manifest.shards) for j in range(shard["num_samples"])
+            (s, j) for s, (_, entry) in enumerate(self._shards) for j in range(entry["num_samples"])
         ]
         self._open: tuple[int, Any] | None = None
+
+    def _invalid(self, e: InvalidShardError) -> None:
+        if self.on_invalid == "raise":
+            raise e
+        log.warning("skipping %s", e)
+        self.skipped.append(SkippedShard(e.path, e.reason))
 
     def __len__(self) -> int:
         return len(self._index)
 
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers: reopen shards lazily
+        return {**self.__dict__, "_open": None}
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         shard, j = self._index[i]
+        path = self._shards[shard][0]
         if self._open is None or self._open[0] != shard:
-            path = self.dir / self.manifest.shards[shard]["file"]
             self._open = (shard, safe_open(str(path), framework="pt"))
         f = self._open[1]
         prefix = f"{j}."
-        sample = {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
-        check_sample(sample, len(self.manifest.layer_ids), self.manifest.hidden_size)
+        sample = {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}  # noqa: SIM118
+        try:
+            check_sample(sample, len(self.manifest.layer_ids), self.manifest.hidden_size)
+        except DatasetFormatError as e:
+            raise InvalidShardError(path, f"sample {j}: {e}") from None
+        if self.check_finite:
+            _check_finite(path, j, sample["hidden_states"])
         return sample
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -227,7 +562,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
 
     def token_stream(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``(input_ids, loss_mask)`` per sample without materialising hidden states."""
-        for shard in self.manifest.shards:
-            with safe_open(str(self.dir / shard["file"]), framework="pt") as f:
-                for j in range(shard["num_samples"]):
+        for path, entry in self._shards:
+            with safe_open(str(path), framework="pt") as f:
+                for j in range(entry["num_samples"]):
                     yield f.get_tensor(f"{j}.input_ids"), f.get_tensor(f"{j}.loss_mask").to(torch.bool)

@@ -3,7 +3,8 @@
 Drives :class:`vllm_compat.extract.HiddenStatesExtractor` (vLLM, GPU) or, for CPU runs
 and as a reference, HF transformers. Restarting continues after the last sample already
 written: samples come back in input order, so the dataset's sample count is the resume
-point, and shards are written atomically by :class:`ShardWriter`.
+point, and shards are written atomically by :class:`ShardWriter`. The output directory is
+locked for the whole run (:mod:`vllm_compat.locking`): a second job on it fails at once.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..extract.layers import (
     eagle3_default_layers, hidden_size_from_config, num_layers_from_config, read_model_config,
     validate_layer_ids,
 )
+from ..locking import lock_output_dir
 from .data import ShardWriter
 from .prepare import iter_token_records
 
@@ -55,11 +57,29 @@ def extract_dataset(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     aux = aux_layer_ids_for(target_dir, aux_layer_ids)
-    if backend == "transformers":
-        from .hf_reference import extract_with_transformers
+    # one job per output directory, checked before a model is loaded (OutputDirLockedError)
+    with lock_output_dir(output_dir, f"eagle3 extract --backend {backend}"):
+        if backend == "transformers":
+            from .hf_reference import extract_with_transformers
 
-        return extract_with_transformers(target_dir, records_dir, output_dir, aux, dtype=dtype,
-                                         samples_per_shard=samples_per_shard)
+            return extract_with_transformers(target_dir, records_dir, output_dir, aux, dtype=dtype,
+                                             samples_per_shard=samples_per_shard)
+        return _extract_with_vllm(target_dir, records_dir, output_dir, aux, dtype=dtype,
+                                  samples_per_shard=samples_per_shard, progress=progress,
+                                  **extractor_kwargs)
+
+
+def _extract_with_vllm(
+    target_dir: str | os.PathLike[str],
+    records_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    aux: tuple[int, ...],
+    *,
+    dtype: torch.dtype,
+    samples_per_shard: int,
+    progress: bool,
+    **extractor_kwargs: Any,
+) -> int:
     from tqdm import tqdm
 
     from ..extract import HiddenStatesExtractor

@@ -63,7 +63,8 @@ def extract_with_transformers(
     """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(target_dir), dtype=torch.float32, trust_remote_code=False).eval()
     n_layers = model.config.num_hidden_layers
     captured: list[torch.Tensor] = []
     hook = model.model.norm.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))

@@ -23,26 +23,37 @@ Command line (the same flags as speculators 0.4.0's script, plus ``--legacy-laye
   original script does.
 
 Differences from the original, all fixes: results are paired with their loss masks in
-input order; files are written atomically (a resumed run never sees a truncated
-``data_{i}.pt``); ``sample_lengths.json`` is merged on resume instead of overwritten.
-Reading uses ``torch.load(weights_only=True)``.
+input order; every file is written atomically (temporary name, fsync, rename: a resumed run
+never sees a truncated ``data_{i}.pt``); a resumed run restarts at the first *missing* file
+(files are written in parallel, so a crash can leave gaps) and fills in
+``sample_lengths.json`` for files written before the crash; the output directory is locked
+(a second job on it fails at once, :mod:`vllm_compat.locking`). Reading uses
+``torch.load(weights_only=True)`` only: a file holding pickled objects or code is refused
+with :class:`SampleFileError`; ``iter_data_dir`` refuses ``data_{i}.pt`` symlinks that lead
+outside the directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
 import random
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..errors import VllmCompatError
+from ..locking import TMP_SUFFIX, atomic_write_bytes, lock_output_dir
+
 __all__ = [
-    "FILE_PATTERN", "TokenizedDataset", "batch_to_samples", "find_last_checkpoint",
+    "FILE_PATTERN", "SampleFileError", "TokenizedDataset", "batch_to_samples", "find_last_checkpoint",
+    "find_resume_index",
     "generate_and_save_hidden_states", "iter_data_dir", "load_sample", "load_tokenized_dataset",
     "main", "parse_args", "save_config", "save_sample_to_disk", "save_token_frequency",
     "update_sample_lengths",
@@ -52,6 +63,20 @@ log = logging.getLogger(__name__)
 
 FILE_PATTERN = "data_{idx}.pt"
 MAX_IO_WORKERS = 4  # parallel file writes, as in speculators
+_DATA_FILE = re.compile(r"data_(\d+)\.pt")
+
+
+class SampleFileError(VllmCompatError, ValueError):
+    """A ``data_{i}.pt`` that is not a plain tensor file, is unreadable, or is outside the
+    output directory. The message starts with the file's path."""
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
 
 
 # --------------------------------------------------------------------------- input
@@ -127,7 +152,6 @@ def load_tokenized_dataset(path: str, *, max_samples: int | None = None, seed: i
 def save_token_frequency(dataset: TokenizedDataset, output_path: str) -> str:
     """``{token_id: count}`` over loss-masked tokens, ``torch.save``d (kept if it exists),
     the input of speculators' ``build_vocab_mapping``."""
-    import torch
 
     path = Path(output_path)
     if path.exists():
@@ -138,7 +162,7 @@ def save_token_frequency(dataset: TokenizedDataset, output_path: str) -> str:
             if m:
                 freq[t] = freq.get(t, 0) + 1
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(freq, path)
+    atomic_write_bytes(path, _torch_bytes(freq))
     return output_path
 
 
@@ -170,35 +194,82 @@ def _check_tensors(data: dict) -> None:
 
 
 def save_sample_to_disk(data_dict: dict, output_path: str | os.PathLike) -> str | os.PathLike:
-    """``torch.save`` one sample (tensors only) atomically: temp file, then rename."""
-    import torch
-
+    """``torch.save`` one sample (tensors only) atomically: temp file, fsync, rename."""
     _check_tensors(data_dict)
-    out = Path(output_path)
-    tmp = out.with_name(f".{out.name}.tmp")
-    torch.save(data_dict, tmp)
-    os.replace(tmp, out)
+    atomic_write_bytes(output_path, _torch_bytes(data_dict))
     return output_path
 
 
 def load_sample(path: str | os.PathLike, *, mmap: bool = False) -> dict:
-    """Read a ``data_{i}.pt`` sample with ``torch.load(weights_only=True)``."""
+    """Read a ``data_{i}.pt`` sample with ``torch.load(weights_only=True)``; never unpickles
+    objects: a file that needs them raises :class:`SampleFileError` without running anything."""
+    import pickle
+
     import torch
 
-    return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL [\w.]+", str(e))
+        what = f"unsupported {found.group(0)}" if found else str(e).split(". ")[0]
+        raise SampleFileError(
+            f"{path}: refused by the weights only loader: {what} (the file holds pickled objects "
+            "or code; sample files are never unpickled)") from None
+    except (RuntimeError, EOFError) as e:
+        raise SampleFileError(f"{path}: not a readable torch file ({str(e).split('. ')[0]})") from None
+
+
+def _data_files(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    out = Path(output_dir)
+    if not out.exists():
+        return []
+    root = out.resolve()
+    found = []
+    for f in out.iterdir():
+        m = _DATA_FILE.fullmatch(f.name)
+        if m is None:
+            continue
+        real = f.resolve()
+        if real.parent != root:
+            raise SampleFileError(f"{f}: a link to {real}, outside the directory {root}")
+        found.append((int(m.group(1)), f))
+    return sorted(found)
 
 
 def iter_data_dir(output_dir: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """``(i, sample)`` for every ``data_{i}.pt`` in index order."""
-    found = []
-    for f in Path(output_dir).iterdir():
-        if f.name.startswith("data_") and f.suffix == ".pt":
-            try:
-                found.append((int(f.stem[5:]), f))
-            except ValueError:
-                continue
-    for i, f in sorted(found):
+    """``(i, sample)`` for every ``data_{i}.pt`` in index order (weights-only loads)."""
+    for i, f in _data_files(output_dir):
         yield i, load_sample(f)
+
+
+def find_resume_index(output_dir: str | os.PathLike, start_idx: int = 0) -> int:
+    """The first index ``>= start_idx`` without a ``data_{i}.pt`` (where a resumed run restarts:
+    parallel writes can leave gaps below :func:`find_last_checkpoint`)."""
+    have = {i for i, _ in _data_files(output_dir)}
+    i = start_idx
+    while i in have:
+        i += 1
+    return i
+
+
+def _remove_stale_tmp(out: Path) -> None:
+    """Temporary files of writes a crash interrupted (ours and the pre-fsync ``.data_i.pt.tmp``)."""
+    for f in out.iterdir():
+        name = f.name
+        if name.endswith(TMP_SUFFIX) and (
+                _DATA_FILE.fullmatch(name.removeprefix(".")[:-len(TMP_SUFFIX)])
+                or name[:-len(TMP_SUFFIX)] in ("sample_lengths.json", "data_config.json")):
+            f.unlink()
+
+
+def _repair_sample_lengths(out: Path, first: int, stop: int) -> None:
+    """Lengths of files written before a crash (``sample_lengths.json`` is written at the end)."""
+    path = out / "sample_lengths.json"
+    have = json.loads(path.read_text()) if path.exists() else {}
+    missing = {i: int(load_sample(out / FILE_PATTERN.format(idx=i), mmap=True)["input_ids"].shape[0])
+               for i in range(first, stop) if str(i) not in have}
+    if missing:
+        update_sample_lengths(out, missing)
 
 
 def batch_to_samples(results: Sequence[dict], batch_loss_mask: Sequence[Any]) -> list[dict]:
@@ -229,7 +300,7 @@ def update_sample_lengths(output_dir: str | os.PathLike, lengths: dict[int, int]
         merged.update(json.loads(path.read_text()))
     merged.update({str(k): int(v) for k, v in lengths.items()})
     ordered = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
-    path.write_text(json.dumps(ordered, indent=2))
+    atomic_write_bytes(path, json.dumps(ordered, indent=2).encode())
     return path
 
 
@@ -244,7 +315,7 @@ def save_config(args: argparse.Namespace, generator: Any, num_samples: int,
         cache_dir=str(cache_dir), num_samples=num_samples, max_samples=args.max_samples,
         seed=args.seed, hidden_dtype=hidden_dtype)
     path = Path(output_dir) / "data_config.json"
-    path.write_text(json.dumps(config.to_dict(), indent=2))
+    atomic_write_bytes(path, json.dumps(config.to_dict(), indent=2).encode())
     return path
 
 
@@ -254,6 +325,7 @@ def save_config(args: argparse.Namespace, generator: Any, num_samples: int,
 def make_generator(args: argparse.Namespace) -> Any:
     from .vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
+    trust = getattr(args, "trust_remote_code", False)  # Namespaces built by hand may lack it
     return VllmHiddenStatesGenerator(
         model_path=args.target_model_path, layer_ids=args.layer_ids,
         max_model_len=args.max_model_len or args.seq_length,
@@ -261,6 +333,7 @@ def make_generator(args: argparse.Namespace) -> Any:
         tensor_parallel_size=args.tensor_parallel_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         legacy_layer_indices=args.legacy_layer_indices,
+        trust_remote_code=trust,
     )
 
 
@@ -268,13 +341,20 @@ def generate_and_save_hidden_states(args: argparse.Namespace, dataset: Any,
                                     generator: Any = None) -> int:
     """Run the generator over ``dataset`` in batches and write the v1 files. Returns the count.
 
-    Resumes after the highest existing ``data_{i}.pt`` (``--start-idx`` offsets file names).
-    ``generator`` may be passed to reuse a running engine; otherwise one is built from args
-    and shut down at the end.
+    Resumes at the first missing ``data_{i}.pt`` from ``--start-idx`` (which offsets file
+    names). ``generator`` may be passed to reuse a running engine; otherwise one is built from
+    args and shut down at the end. Holds the output directory's lock throughout
+    (:class:`vllm_compat.locking.OutputDirLockedError` if another job has it).
     """
+    with lock_output_dir(args.output_dir, "speculators offline data generation"):
+        return _generate_locked(args, dataset, generator)
+
+
+def _generate_locked(args: argparse.Namespace, dataset: Any, generator: Any) -> int:
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    start_file_idx = max(find_last_checkpoint(args.output_dir), args.start_idx)
+    _remove_stale_tmp(out)
+    start_file_idx = find_resume_index(out, args.start_idx)
+    _repair_sample_lengths(out, args.start_idx, start_file_idx)
     num_samples = len(dataset)
     start_sample_idx = start_file_idx - args.start_idx
     if start_sample_idx >= num_samples:
@@ -356,6 +436,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default: --seq-length (as speculators)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run code shipped with the checkpoint (speculators always did; off here)")
     args = p.parse_args(argv)
     if args.tensor_parallel_size is None:
         args.tensor_parallel_size = _default_tp()

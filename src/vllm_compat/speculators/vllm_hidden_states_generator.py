@@ -40,7 +40,7 @@ MAX_DECODE_TOKENS = 1  # prompts are truncated to max_model_len - 1 (room for ma
 MIN_MAX_BATCHED_TOKENS = 8192  # default max_num_batched_tokens = max(8192, max_model_len)
 
 
-def _model_config(model_path: str) -> Any:
+def _model_config(model_path: str, trust_remote_code: bool = False) -> Any:
     """The model's config (transformers when available, else a local config.json)."""
     try:
         from transformers import AutoConfig
@@ -53,7 +53,7 @@ def _model_config(model_path: str) -> Any:
             ) from None
         with open(path) as f:
             return json.load(f, object_hook=lambda d: SimpleNamespace(**d))
-    return AutoConfig.from_pretrained(model_path, trust_remote_code=True)
+    return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
 
 
 def local_model_path(model_path: str) -> str:
@@ -208,6 +208,7 @@ class VllmHiddenStatesGenerator:
         *,
         legacy_layer_indices: bool | None = None,
         extractor_kwargs: dict[str, Any] | None = None,
+        trust_remote_code: bool = False,
     ):
         self.model_path = model_path
         self.tensor_parallel_size = tensor_parallel_size
@@ -219,7 +220,10 @@ class VllmHiddenStatesGenerator:
         self._tokenizer = None
 
         local_path = local_model_path(model_path)
-        self.config = _model_config(local_path)
+        # speculators 0.3/0.4 hard-coded trust_remote_code=True: code shipped with a
+        # checkpoint ran unasked. Here it is the caller's choice, off by default.
+        self.trust_remote_code = bool(trust_remote_code)
+        self.config = _model_config(local_path, self.trust_remote_code)
         self.num_layers = num_hidden_layers(self.config)
         self.legacy_layer_indices, self.layer_ids, self.capture_layer_ids = resolve_layer_ids(
             layer_ids, self.num_layers, legacy_layer_indices)
@@ -230,7 +234,7 @@ class VllmHiddenStatesGenerator:
 
         from ..extract import HiddenStatesExtractor  # lazy: the extractor imports vLLM
 
-        kw: dict[str, Any] = {"trust_remote_code": True}
+        kw: dict[str, Any] = {"trust_remote_code": self.trust_remote_code}
         kw.update(extractor_kwargs or {})
         kw.setdefault("enforce_eager", True)  # what speculators 0.3/0.4 ran with
         self.extractor = HiddenStatesExtractor(
@@ -267,7 +271,8 @@ class VllmHiddenStatesGenerator:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=True)
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                self.model_path, trust_remote_code=self.trust_remote_code)
         return self._tokenizer
 
     @property
