@@ -12,7 +12,7 @@ from typing import Any
 from packaging.version import Version
 
 from . import versions
-from .errors import UnsupportedVllmVersionError, VllmNotInstalledError
+from .errors import InvalidVllmVersionError, UnsupportedVllmVersionError, VllmNotInstalledError
 
 _lock = threading.Lock()
 _cached: tuple["VllmInfo", ModuleType] | None = None
@@ -80,8 +80,15 @@ def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
         if _cached is not None and not refresh:
             return _cached
         text = installed_vllm_version()
-        v = versions.parse_vllm_version(text)
-        versions.era_for_version(v)  # too old: fail before importing vLLM
+        try:
+            v = versions.parse_vllm_version(text)
+        except InvalidVllmVersionError as exc:
+            raise InvalidVllmVersionError(
+                f"the installed vLLM's metadata reports version {text!r}, which is not a PEP 440 "
+                "version: reinstall vLLM from a release wheel, or build it from a git checkout "
+                "with its tags so that setuptools-scm can name the version") from exc
+        # too old, or newer than tested under VLLM_COMPAT_STRICT=1: fail before importing vLLM
+        versions.check_supported(v)
         from .adapters import load
 
         try:

@@ -32,3 +32,15 @@ class StaleBlockHasherError(VllmCompatError, RuntimeError):
 
     Hashes from the hasher would no longer match the engine's; build a new one.
     """
+
+
+class InvalidLayerIdError(VllmCompatError, ValueError):
+    """A layer id outside ``0..L``, negative, duplicated or not an integer."""
+
+
+class TargetMismatchError(VllmCompatError, ValueError):
+    """A dataset, vocabulary mapping or trained draft was made for another target model."""
+
+
+class TrainingCheckpointError(VllmCompatError, ValueError):
+    """A training checkpoint that cannot be read or resumed from."""

@@ -63,11 +63,15 @@ _warned_newer: set[str] = set()
 def parse_vllm_version(text: str) -> Version:
     """Parse a vLLM version string (release, rc, dev, post, local) with PEP 440 rules."""
     if not isinstance(text, str) or not text.strip():
-        raise InvalidVllmVersionError(f"not a vLLM version string: {text!r}")
+        raise InvalidVllmVersionError(
+            f"not a vLLM version string: {text!r} (expected a PEP 440 version such as '0.11.1' "
+            "or '0.11.1rc6.dev16+g933cdea44')")
     try:
         return Version(text.strip())
     except InvalidVersion as exc:
-        raise InvalidVllmVersionError(f"not a PEP 440 version: {text!r}") from exc
+        raise InvalidVllmVersionError(
+            f"not a PEP 440 version: {text!r} (expected a vLLM version such as '0.11.1' "
+            "or '0.11.1rc6.dev16+g933cdea44')") from exc
 
 
 def base_version(version: Version | str) -> Version:
@@ -81,14 +85,40 @@ def era_for_version(version: Version | str) -> Era:
     base = base_version(version)
     if base < OLDEST_SUPPORTED:
         raise UnsupportedVllmVersionError(
-            f"vLLM {version} is older than vllm_compat supports: "
-            f"supported range is {OLDEST_SUPPORTED} to {NEWEST_TESTED}.x (newer runs with a warning)"
+            f"vLLM {_shown(version)} is older than vllm_compat supports: "
+            f"supported range is {OLDEST_SUPPORTED} to {NEWEST_TESTED}.x (newer runs with a warning); "
+            f"upgrade vLLM: pip install -U 'vllm>={OLDEST_SUPPORTED}'"
         )
     chosen = ERAS[0]
     for era in ERAS:
         if base >= era.first:
             chosen = era
     return chosen
+
+
+def _shown(version: Version | str) -> str:
+    return version.strip() if isinstance(version, str) else str(version)
+
+
+def check_supported(version: Version | str, *, env: Mapping[str, str] | None = None) -> Version:
+    """Refuse, before anything imports vLLM, a version no adapter may run: older than the
+    supported range, or (with ``VLLM_COMPAT_STRICT=1``) newer than the newest tested series.
+    A forced ``VLLM_COMPAT_ADAPTER`` lifts the strict check (not the lower bound)."""
+    env = os.environ if env is None else env
+    v = version if isinstance(version, Version) else parse_vllm_version(version)
+    era_for_version(v)
+    if (base_version(v) >= NEWEST_TESTED_SERIES and _env_flag("VLLM_COMPAT_STRICT", env)
+            and not env.get("VLLM_COMPAT_ADAPTER", "").strip()):
+        raise UnsupportedVllmVersionError(_strict_message(v))
+    return v
+
+
+def _strict_message(v: Version) -> str:
+    return (
+        f"vLLM {v} is newer than the newest release vllm_compat was tested on ({NEWEST_TESTED}) "
+        f"and VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= {NEWEST_TESTED}, "
+        f"or unset VLLM_COMPAT_STRICT to run it with the newest adapter '{ERAS[-1].name}'"
+    )
 
 
 def era_for_probes(probes: Mapping[str, bool]) -> Era | None:
@@ -130,7 +160,8 @@ def route(
     if forced:
         if forced not in ERAS_BY_NAME:
             raise UnknownAdapterError(
-                f"VLLM_COMPAT_ADAPTER={forced!r} names no adapter; choose one of {sorted(ERAS_BY_NAME)}"
+                f"VLLM_COMPAT_ADAPTER={forced!r} names no adapter; choose one of {sorted(ERAS_BY_NAME)}, "
+                "or unset it to route by the installed version"
             )
         return Routing(ERAS_BY_NAME[forced], f"forced by VLLM_COMPAT_ADAPTER={forced}")
 
@@ -143,7 +174,7 @@ def route(
             f"({NEWEST_TESTED}); using the newest adapter '{ERAS[-1].name}'"
         )
         if _env_flag("VLLM_COMPAT_STRICT", env):
-            raise UnsupportedVllmVersionError(msg + " (refused: VLLM_COMPAT_STRICT=1)")
+            raise UnsupportedVllmVersionError(_strict_message(v))
         if str(v) not in _warned_newer:
             _warned_newer.add(str(v))
             warnings.warn(msg, RuntimeWarning, stacklevel=3)

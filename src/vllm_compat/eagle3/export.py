@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from ..errors import TargetMismatchError
 from .model import DraftConfig
-from .target import read_target
+from .target import TargetInfo, read_target
 from .train import load_final
 
 SPECULATORS_FORMAT_VERSION = "0.9.0"  # the speculators config layout this follows
@@ -78,6 +79,20 @@ def speculators_config(
     }
 
 
+def check_trained_for(cfg: DraftConfig, target: TargetInfo, trained: Any = "the draft") -> None:
+    """Raise :class:`~vllm_compat.errors.TargetMismatchError` unless ``cfg`` was trained on
+    states of ``target`` (hidden size, vocabulary, number of decoder layers)."""
+    fix = f"export it with the target it was trained on, or train a draft for {target.path}"
+    pairs = (("hidden size {}", cfg.hidden_size, target.hidden_size),
+             ("a vocabulary of {}", cfg.target_vocab_size, target.vocab_size),
+             ("{} decoder layers", cfg.final_layer_id, target.num_hidden_layers))
+    for what, ours, theirs in pairs:
+        if ours and ours != theirs:
+            raise TargetMismatchError(
+                f"draft {trained} was trained for a target with {what.format(ours)}, but "
+                f"{target.path} has {what.format(theirs)}: {fix}")
+
+
 def export(
     trained: str | os.PathLike[str],
     target_dir: str | os.PathLike[str],
@@ -91,6 +106,7 @@ def export(
     ``verifier.name_or_path`` (what ``vllm serve <draft>`` loads as the target); default: ``target_dir``."""
     cfg, weights = load_final(trained)
     target = read_target(target_dir)
+    check_trained_for(cfg, target, trained)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.draft_vocab_size == cfg.target_vocab_size:

@@ -6,9 +6,12 @@ epoch's shuffled order; rank 0 writes checkpoints and logs.
 
 Resume is exact: a checkpoint holds the model, AdamW, the LR schedule, the torch RNG state
 and the step; the data order is a pure function of ``(seed, epoch)``, so a run stopped at
-step ``s`` and resumed produces the same parameters as one that never stopped.
-Logs: ``metrics.csv`` (loss and accuracy per TTT position), TensorBoard when installed, and
-``metrics.png`` at the end.
+step ``s`` (even by SIGKILL) and resumed produces the same parameters, loss curve and data
+order as one that never stopped. Checkpoints are written atomically (temporary file, fsync,
+rename, directory fsync), so a kill while saving leaves the previous checkpoint intact;
+rows logged after the checkpoint resumed from are dropped and redone.
+Logs: ``metrics.csv`` (loss and accuracy per TTT position), ``data_order.csv`` (the sample
+indices of each step), TensorBoard when installed, and ``metrics.png`` at the end.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import TargetMismatchError, TrainingCheckpointError
 from .data import HiddenStatesDataset
 from .model import DraftConfig, Eagle3Draft, TargetHead, ttt_forward
 from .target import load_target_tensors, read_target
@@ -32,6 +36,7 @@ from .vocab import VocabMapping
 
 CHECKPOINTS = "checkpoints"
 METRICS_CSV = "metrics.csv"
+DATA_ORDER_CSV = "data_order.csv"  # step, epoch, the sample indices each step trained on
 METRICS_PNG = "metrics.png"
 TRAIN_CONFIG = "train_config.json"
 FINAL = "final"
@@ -82,10 +87,26 @@ def draft_config_for(target_dir: str, dataset: HiddenStatesDataset, vocab: Vocab
     t = read_target(target_dir)
     tc = t.text_config
     m = dataset.manifest
+    made_from = m.target.get("name_or_path")
+    made = f" (it was extracted from {made_from})" if made_from else ""
+    fix = "train with the target the dataset was extracted from, or re-extract the dataset from this one"
     if m.hidden_size != t.hidden_size:
-        raise ValueError(f"dataset hidden size {m.hidden_size} != target hidden size {t.hidden_size}")
+        raise TargetMismatchError(
+            f"dataset {dataset.dir} holds hidden states of size {m.hidden_size}{made}, but the target "
+            f"{target_dir} has hidden size {t.hidden_size}: {fix}")
+    if m.final_layer_id != t.num_hidden_layers:
+        raise TargetMismatchError(
+            f"dataset {dataset.dir} was extracted from a target with {m.final_layer_id} decoder "
+            f"layers{made}, but the target {target_dir} has {t.num_hidden_layers}: {fix}")
+    ds_vocab = m.target.get("vocab_size")
+    if ds_vocab is not None and int(ds_vocab) != t.vocab_size:
+        raise TargetMismatchError(
+            f"dataset {dataset.dir} was extracted from a target with a vocabulary of {ds_vocab}{made}, "
+            f"but the target {target_dir} has {t.vocab_size}: {fix}")
     if vocab.target_vocab_size != t.vocab_size:
-        raise ValueError(f"vocab mapping is over {vocab.target_vocab_size} ids, the target has {t.vocab_size}")
+        raise TargetMismatchError(
+            f"vocab mapping is over {vocab.target_vocab_size} ids, the target {target_dir} has "
+            f"{t.vocab_size}: build the mapping for this target (build_vocab(..., {t.vocab_size}, ...))")
     kw = dict(
         hidden_size=t.hidden_size, num_attention_heads=tc["num_attention_heads"],
         num_key_value_heads=tc.get("num_key_value_heads") or tc["num_attention_heads"],
@@ -189,20 +210,57 @@ def _checkpoints(out: Path) -> list[Path]:
     return sorted((out / CHECKPOINTS).glob("step-*.pt"))
 
 
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:  # platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """``write(file)`` into ``path.tmp``, fsync it, rename it over ``path``, fsync the
+    directory: a kill at any point leaves either the old file or the complete new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
 def save_checkpoint(out: Path, state: dict[str, Any], keep: int) -> Path:
+    """Atomic (see :func:`_atomic_write`); older checkpoints beyond ``keep`` are deleted only
+    after the new one is durable, so the latest complete checkpoint always survives a kill."""
     d = out / CHECKPOINTS
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step-{state['step']:08d}.pt"
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    _atomic_write(path, lambda f: torch.save(state, f))
     for old in _checkpoints(out)[:-keep]:
         old.unlink()
     return path
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)  # never unpickle objects
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)  # never unpickle objects
+    except Exception as exc:  # noqa: BLE001 - a torn or foreign file, whatever torch says
+        raise TrainingCheckpointError(
+            f"{path} is not a readable training checkpoint ({type(exc).__name__}: {exc}); "
+            "delete it to resume from the previous one, or start over with resume=False") from exc
+
+
+ORDER_NAMES = ["step", "epoch", "samples"]
 
 
 def _metric_names(steps: int) -> list[str]:
@@ -210,12 +268,23 @@ def _metric_names(steps: int) -> list[str]:
             + [f"loss_{k}" for k in range(steps)] + [f"acc_{k}" for k in range(steps)])
 
 
+def _complete(row: dict[str, Any], names: list[str]) -> bool:
+    """A whole row of this header (a kill mid-append can leave a torn last line)."""
+    if None in row or any(row.get(n) in (None, "") for n in names):
+        return False
+    try:
+        int(row["step"])
+    except ValueError:
+        return False
+    return True
+
+
 def _reset_csv(path: Path, names: list[str], upto_step: int) -> None:
     """Keep the header and the rows up to ``upto_step`` (rows after a checkpoint are redone)."""
     rows = []
     if path.exists():
-        with path.open() as f:
-            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= upto_step]
+        with path.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if _complete(r, names) and int(r["step"]) <= upto_step]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=names)
         w.writeheader()
@@ -225,6 +294,9 @@ def _reset_csv(path: Path, names: list[str], upto_step: int) -> None:
 def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
     rank, world, device, started_pg = _dist()
     out = Path(cfg.output_dir)
+    from ..locking import lock_output_dir  # one job per run dir; released when train returns
+
+    _lock = lock_output_dir(out, "eagle3 train") if rank == 0 else None  # noqa: F841
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / TRAIN_CONFIG).write_text(json.dumps(asdict(cfg), indent=1))
@@ -245,15 +317,29 @@ def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, total, cfg.min_lr_ratio))
 
     step = 0
-    found = _checkpoints(out) if resume else []
+    found = _checkpoints(out)
+    if rank == 0:
+        for stale in (out / CHECKPOINTS).glob("*.tmp"):  # a save that a kill interrupted
+            stale.unlink(missing_ok=True)
+        if found and not resume:  # starting over: a later resume must not pick these up
+            for old in found:
+                old.unlink()
+    if not resume:
+        found = []
     if found:
         state = load_checkpoint(found[-1])
         if (state["num_samples"], state["world_size"], state["batch_size"]) != (len(dataset), world, cfg.batch_size):
-            raise ValueError(
+            raise TrainingCheckpointError(
                 f"{found[-1]} was written for {state['num_samples']} samples, world size {state['world_size']}, "
                 f"batch size {state['batch_size']}; now {len(dataset)}, {world}, {cfg.batch_size}: the data "
                 "order would differ, so resuming would not be exact (start over with resume=False / --no-resume)"
             )
+        was = (state.get("seed", cfg.seed), state.get("total_steps", total))
+        if was != (cfg.seed, total):
+            raise TrainingCheckpointError(
+                f"{found[-1]} was written for seed {was[0]} and a {was[1]}-step schedule; now seed "
+                f"{cfg.seed} and {total} steps (epochs={cfg.epochs}): the data order or learning rates "
+                "would differ, so resuming would not be exact (start over with resume=False / --no-resume)")
         module.draft.load_state_dict(state["draft"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -265,6 +351,7 @@ def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
     tb = None
     if rank == 0:
         _reset_csv(out / METRICS_CSV, names, step)
+        _reset_csv(out / DATA_ORDER_CSV, ORDER_NAMES, step)
         if cfg.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -310,6 +397,12 @@ def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
         if rank == 0:
             with (out / METRICS_CSV).open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=names).writerow(last)
+            # every rank's samples of this step (rank-major), from the same pure function
+            shown = [i for r in range(world) for i in (idx if r == rank else epoch_order(
+                len(dataset), cfg.seed, epoch, r, world)[offset * cfg.batch_size:(offset + 1) * cfg.batch_size])]
+            with (out / DATA_ORDER_CSV).open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=ORDER_NAMES).writerow(
+                    {"step": step, "epoch": epoch, "samples": " ".join(map(str, shown))})
             if tb is not None:
                 for k, v in last.items():
                     if k not in ("step", "epoch"):
@@ -319,7 +412,7 @@ def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
                     "step": step, "draft": module.draft.state_dict(), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
                     "draft_config": dcfg.to_json(), "num_samples": len(dataset), "world_size": world,
-                    "batch_size": cfg.batch_size,
+                    "batch_size": cfg.batch_size, "seed": cfg.seed, "total_steps": total,
                 }, cfg.keep_checkpoints)
             if bar is not None:
                 bar.update(1)
@@ -342,11 +435,14 @@ def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
 
 def save_final(directory: Path, draft: Eagle3Draft) -> None:
     """The trained draft as safetensors plus its config (the input of ``export``)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save as save_bytes
 
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(draft.exported_state_dict(), str(directory / "draft.safetensors"))
-    (directory / "draft_config.json").write_text(json.dumps(draft.config.to_json(), indent=1))
+    # each file atomically: a kill leaves the previous file or the complete new one
+    data = save_bytes(draft.exported_state_dict())
+    _atomic_write(directory / "draft.safetensors", lambda f: f.write(data))
+    text = json.dumps(draft.config.to_json(), indent=1).encode()
+    _atomic_write(directory / "draft_config.json", lambda f: f.write(text))
 
 
 def load_final(directory: str | os.PathLike[str]) -> tuple[DraftConfig, dict[str, torch.Tensor]]:

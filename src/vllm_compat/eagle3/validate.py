@@ -178,6 +178,32 @@ def _vocab(ck: Checkpoint, draft_vocab: int | None, target_vocab: int | None) ->
     return out
 
 
+def _verifier_problems(verifier: dict[str, Any], target: TargetInfo) -> list[Problem]:
+    """The draft names the model it was made for (``speculators_config.verifier``); ``vllm serve
+    <draft>`` loads that model as the target. Refuse when it is visibly another model than
+    ``target``: other architectures, or a local directory holding a different config."""
+    out = []
+    fix = ("validate against the target the draft was trained for, or re-export the draft "
+           f"with verifier={target.path!r} if it was trained on this one")
+    archs = list(verifier.get("architectures") or [])
+    if archs and target.architectures and archs != target.architectures:
+        out.append(Problem("target_arch", f"draft made for a {archs} verifier, the target {target.path} "
+                           f"is {target.architectures}: {fix}"))
+    name = verifier.get("name_or_path")
+    if isinstance(name, str) and name and (Path(name) / "config.json").is_file():
+        same_dir = Path(name).resolve() == Path(target.path).resolve()
+        if not same_dir:
+            try:
+                theirs = json.loads((Path(name) / "config.json").read_text())
+            except (OSError, ValueError):
+                theirs = None
+            if theirs != target.config:
+                out.append(Problem("verifier_mismatch", f"speculators_config.verifier.name_or_path is "
+                                   f"{name}, a different model from the target {target.path}: "
+                                   f"`vllm serve` would pair the draft with {name}; {fix}"))
+    return out
+
+
 def check(ck: Checkpoint, target: TargetInfo | None = None, serving: ServingView | None = None) -> list[Problem]:
     cfg = ck.config
     problems = structure_problems(cfg)
@@ -197,6 +223,7 @@ def check(ck: Checkpoint, target: TargetInfo | None = None, serving: ServingView
         if layer.get("vocab_size") != target.vocab_size:
             problems.append(Problem("target_vocab", f"draft made for a vocabulary of {layer.get('vocab_size')}, "
                                     f"the target {target.path} has {target.vocab_size}"))
+        problems += _verifier_problems(cfg["speculators_config"]["verifier"], target)
     if "norm_before_residual" not in cfg:
         problems.append(Problem("norm_before_residual", "norm_before_residual is absent: vLLM assumes True "
                                 "(speculators' own default is False)", error=False))

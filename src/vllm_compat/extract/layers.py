@@ -27,6 +27,8 @@ import json
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..errors import InvalidLayerIdError
+
 __all__ = [
     "eagle3_default_layers", "from_hf_indices", "from_speculators_indices",
     "num_layers_from_config", "hidden_size_from_config", "read_model_config",
@@ -34,36 +36,48 @@ __all__ = [
 ]
 
 
-def _as_int(value: Any, what: str) -> int:
+def _as_int(value: Any, what: str, exc: type[ValueError] = InvalidLayerIdError) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ValueError(f"{what} must be an integer, got {value!r}")
+        raise exc(f"{what} must be an integer, got {value!r}")
     return int(value.__index__())
+
+
+def _valid_range(L: int) -> str:
+    return f"valid ids are 0..{L} (0 = embeddings output, {L} = final pre-norm state)"
 
 
 def validate_layer_ids(layer_ids: Iterable[Any], num_layers: int) -> tuple[int, ...]:
     """``layer_ids`` as a tuple of ints, each in ``[0, num_layers]`` and unique.
 
-    Raises ``ValueError`` naming the offending value (negative, above ``num_layers``,
-    duplicated, not an integer) or an empty selection. Order is kept.
+    Raises :class:`~vllm_compat.errors.InvalidLayerIdError` (a ``ValueError``) naming the
+    offending value (negative, above ``num_layers``, duplicated, not an integer) or an empty
+    selection, with the valid range. Order is kept.
     """
     L = _as_int(num_layers, "num_layers")
     if L < 1:
-        raise ValueError(f"num_layers must be >= 1, got {L}")
+        raise InvalidLayerIdError(f"num_layers must be >= 1, got {L}")
+    if isinstance(layer_ids, (str, bytes)) or not hasattr(layer_ids, "__iter__"):
+        raise InvalidLayerIdError(f"layer ids must be a sequence of ints, got {layer_ids!r}")
     out: list[int] = []
-    seen: set[int] = set()
     for raw in layer_ids:
         k = _as_int(raw, "layer id")
         if k < 0:
-            raise ValueError(f"layer id {k} is negative; valid ids are 0..{L} "
-                             f"(0 = embeddings, {L} = final pre-norm state)")
+            raise InvalidLayerIdError(
+                f"layer id {k} is negative: {_valid_range(L)}; for HF-style indices counted "
+                "from the end use from_hf_indices()")
         if k > L:
-            raise ValueError(f"layer id {k} is above num_hidden_layers={L}; valid ids are 0..{L}")
-        if k in seen:
-            raise ValueError(f"layer id {k} is requested more than once")
-        seen.add(k)
+            raise InvalidLayerIdError(
+                f"layer id {k} is above num_hidden_layers={L}: the target has {L} decoder "
+                f"layers, so {_valid_range(L)}")
+        if k in out:
+            raise InvalidLayerIdError(
+                f"layer id {k} is requested more than once (positions {out.index(k)} and "
+                f"{len(out)}): list each layer once")
         out.append(k)
     if not out:
-        raise ValueError("no layer ids requested")
+        raise InvalidLayerIdError(
+            f"no layer ids requested: pass at least one id ({_valid_range(L)}), or None for the "
+            "EAGLE-3 default")
     return tuple(out)
 
 
@@ -74,7 +88,8 @@ def eagle3_default_layers(num_layers: int, *, include_final: bool = True) -> tup
     """
     L = _as_int(num_layers, "num_layers")
     if L < 3:
-        raise ValueError(f"the EAGLE-3 default set needs num_layers >= 3, got {L}")
+        raise InvalidLayerIdError(f"the EAGLE-3 default set needs num_layers >= 3, got {L}: "
+                                  f"pass layer ids explicitly ({_valid_range(L)})")
     ids = [2, L // 2, L - 3] + ([L] if include_final else [])
     out: list[int] = []
     for k in ids:
@@ -98,10 +113,11 @@ def from_hf_indices(indices: Iterable[Any], num_layers: int, *,
         i = _as_int(raw, "HF hidden_states index")
         j = i + L + 1 if i < 0 else i
         if not 0 <= j <= L:
-            raise ValueError(f"HF hidden_states index {i} is out of range for "
-                             f"{L} layers ({L + 1} entries)")
+            raise InvalidLayerIdError(f"HF hidden_states index {i} is out of range for "
+                                      f"{L} layers ({L + 1} entries): valid indices are "
+                                      f"{-(L + 1)}..{L}")
         if j == L and tied_last:
-            raise ValueError(
+            raise InvalidLayerIdError(
                 f"HF hidden_states index {i} is the state AFTER the final norm; this "
                 f"convention's {L} is the pre-norm state (pass tied_last=False if the "
                 "model was run with tie_last_hidden_states=False)")
@@ -116,7 +132,9 @@ def from_speculators_indices(indices: Iterable[Any], num_layers: int) -> tuple[i
     for raw in indices:
         k = _as_int(raw, "speculators layer id")
         if not 0 <= k < L:
-            raise ValueError(f"speculators layer id {k} is out of range 0..{L - 1}")
+            raise InvalidLayerIdError(f"speculators layer id {k} is out of range 0..{L - 1} "
+                                      f"(id k is the output of decoder layer k; the target has "
+                                      f"{L} decoder layers)")
         out.append(k + 1)
     return validate_layer_ids(out, L)
 
@@ -125,7 +143,8 @@ def to_speculators_indices(layer_ids: Iterable[Any], num_layers: int) -> tuple[i
     """Inverse of :func:`from_speculators_indices` (our 0, the embeddings, has none)."""
     ids = validate_layer_ids(layer_ids, num_layers)
     if 0 in ids:
-        raise ValueError("layer id 0 (embeddings) has no speculators 0.3/0.4 equivalent")
+        raise InvalidLayerIdError("layer id 0 (embeddings) has no speculators 0.3/0.4 "
+                                  "equivalent: their ids start at the output of layer 0 (our 1)")
     return tuple(k - 1 for k in ids)
 
 
@@ -154,18 +173,16 @@ def num_layers_from_config(cfg: Mapping[str, Any]) -> int:
     tc = _text_config(cfg)
     if "num_hidden_layers" not in tc:
         raise ValueError("config has no num_hidden_layers (nor text_config.num_hidden_layers)")
-    return _as_int(tc["num_hidden_layers"], "num_hidden_layers")
+    return _as_int(tc["num_hidden_layers"], "num_hidden_layers", ValueError)
 
 
 def hidden_size_from_config(cfg: Mapping[str, Any]) -> int:
     tc = _text_config(cfg)
-    return _as_int(tc["hidden_size"], "hidden_size")
+    return _as_int(tc["hidden_size"], "hidden_size", ValueError)
 
 
 def resolve_layer_ids(layer_ids: Sequence[Any] | None, num_layers: int) -> tuple[int, ...]:
     """``layer_ids`` validated, or the EAGLE-3 default set plus ``L`` when None."""
     if layer_ids is None:
         return eagle3_default_layers(num_layers)
-    if isinstance(layer_ids, (str, bytes)):
-        raise ValueError(f"layer_ids must be a sequence of ints, got {layer_ids!r}")
     return validate_layer_ids(layer_ids, num_layers)
