@@ -1,4 +1,4 @@
-"""``vllm-compat eagle3 <step>``: prepare, vocab, train, export, validate.
+"""``vllm-compat eagle3 <step>``: prepare, vocab, train, export, validate, evaluate.
 
 Every step is resumable (rerun the same command) and shows a progress bar. Register it on
 an existing parser with :func:`add_parser`, or run ``python -m vllm_compat.eagle3.cli``.
@@ -84,6 +84,23 @@ def _validate(a: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+def _evaluate(a: argparse.Namespace) -> int:
+    from .evaluate import EvalConfig, evaluate
+
+    cfg = EvalConfig(
+        target=a.target, draft=a.draft, prompts_file=a.prompts, output_dir=a.output, ks=a.k,
+        ngram_ks=a.ngram_k, prompt_lookup_min=a.prompt_lookup_min, prompt_lookup_max=a.prompt_lookup_max,
+        prompt_len=a.prompt_len, max_tokens=a.max_tokens, batch_prompts=a.batch_prompts,
+        batch1_prompts=a.batch1_prompts, enforce_eager=a.enforce_eager,
+        gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
+        engine_kwargs=json.loads(a.engine_kwargs) if a.engine_kwargs else {}, budget_s=a.budget_s,
+        baseline=not a.no_baseline,
+    )
+    res = evaluate(cfg)
+    print(json.dumps(res["summary"]["eagle3_vs_ngram"], indent=1))
+    return 0 if all(c.get("status") != "error" for c in res["configs"]) else 1
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``eagle3`` and its steps on ``subparsers``."""
     p = subparsers.add_parser("eagle3", help="EAGLE-3 draft pipeline: prepare, extract, vocab, train, export, validate")
@@ -153,8 +170,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--no-vllm", action="store_true", help="rule checks only, even if vLLM is installed")
     s.set_defaults(func=_validate)
 
+    s = steps.add_parser("evaluate", help="serve target + draft with vLLM spec decoding: acceptance, tok/s vs n-gram")
+    s.add_argument("target", help="target model directory (with tokenizer.json)")
+    s.add_argument("--draft", help="exported EAGLE-3 draft directory (omit: baseline and n-gram only)")
+    s.add_argument("--prompts", required=True, help="held-out chunks JSONL ({prompt, completion}), e.g. corpus eval.jsonl")
+    s.add_argument("--output", "-o", required=True)
+    s.add_argument("--k", type=int, nargs="+", default=[3, 1, 5], help="EAGLE-3 K's, in run order")
+    s.add_argument("--ngram-k", type=int, nargs="*", default=[3, 1, 5], help="n-gram K's")
+    s.add_argument("--prompt-lookup-min", type=int, default=2)
+    s.add_argument("--prompt-lookup-max", type=int, default=5)
+    s.add_argument("--prompt-len", type=int, default=128)
+    s.add_argument("--max-tokens", type=int, default=256)
+    s.add_argument("--batch-prompts", type=int, default=32, help="the batched run: this many prompts at once")
+    s.add_argument("--batch1-prompts", type=int, default=8, help="the batch-1 run: this many, one at a time")
+    s.add_argument("--enforce-eager", action="store_true")
+    s.add_argument("--gpu-memory-utilization", type=float, default=0.25)
+    s.add_argument("--max-model-len", type=int, default=1024)
+    s.add_argument("--engine-kwargs", help="JSON: more vllm.LLM keywords")
+    s.add_argument("--budget-s", type=float, help="skip configurations that would not finish within this many seconds")
+    s.add_argument("--no-baseline", action="store_true")
+    s.set_defaults(func=_evaluate)
+
     for name, sp in steps.choices.items():
-        if name != "validate":
+        if name not in ("validate", "evaluate"):
             sp.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 

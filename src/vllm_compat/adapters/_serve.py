@@ -1,0 +1,112 @@
+"""vLLM side of ``eagle3 evaluate`` and self-distillation: one ``LLM`` per configuration,
+greedy generation from token ids, and the engine's metrics snapshot (imports vLLM).
+
+Written against vLLM 0.26.0: ``LLM(..., speculative_config={"method": "eagle3" | "ngram",
+...}, disable_log_stats=False)`` (``LLM`` turns stats off unless told otherwise, and
+``LLM.get_metrics()`` asserts they are on); ``get_metrics()`` returns the in-process
+Prometheus registry as ``vllm.v1.metrics.reader`` ``Counter`` / ``Vector`` / ``Gauge`` /
+``Histogram`` objects. The counters are cumulative for the engine, so callers take
+differences around each measured ``generate`` (:mod:`vllm_compat.eagle3.evaluate`). The pure
+logic lives there; this module only drives the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import vllm
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+
+
+def version() -> str:
+    return vllm.__version__
+
+
+def open_llm(
+    model: str,
+    *,
+    speculative_config: Mapping[str, Any] | None = None,
+    enforce_eager: bool = False,
+    gpu_memory_utilization: float = 0.25,
+    max_model_len: int | None = None,
+    seed: int = 0,
+    log_stats: bool = True,
+    **kwargs: Any,
+) -> LLM:
+    """An ``LLM`` on ``model`` (a local directory); ``speculative_config`` as vLLM takes it, e.g.
+    ``{"method": "eagle3", "model": draft_dir, "num_speculative_tokens": 3}`` or
+    ``{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}``."""
+    args: dict[str, Any] = dict(model=model, enforce_eager=enforce_eager,
+                                gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+                                disable_log_stats=not log_stats)
+    if max_model_len is not None:
+        args["max_model_len"] = max_model_len
+    if speculative_config is not None:
+        args["speculative_config"] = dict(speculative_config)
+    args.update(kwargs)
+    return LLM(**args)
+
+
+def generate(
+    llm: LLM,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_tokens: int,
+    ignore_eos: bool = True,
+) -> list[list[int]]:
+    """Greedy continuations (token ids) of token-id prompts, in input order."""
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos, detokenize=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def timed_generate(llm: LLM, prompts: Sequence[Sequence[int]], *, max_tokens: int,
+                   ignore_eos: bool = True) -> tuple[list[list[int]], float]:
+    """:func:`generate` and its wall time. ``generate`` returns once the outputs are on the host,
+    so no device synchronisation is needed (and none is done: touching CUDA in this process
+    would force vLLM to spawn rather than fork its engine processes)."""
+    t0 = time.perf_counter()
+    out = generate(llm, prompts, max_tokens=max_tokens, ignore_eos=ignore_eos)
+    return out, time.perf_counter() - t0
+
+
+def metrics(llm: LLM) -> list[Any]:
+    """``LLM.get_metrics()``: a snapshot of the engine's (cumulative) Prometheus metrics."""
+    return list(llm.get_metrics())
+
+
+def speculative_summary(llm: LLM) -> dict[str, Any] | None:
+    """What the engine built for speculation (method, K, draft model), for the record."""
+    sc = getattr(llm.llm_engine.vllm_config, "speculative_config", None)
+    if sc is None:
+        return None
+    out = {"method": getattr(sc, "method", None), "num_speculative_tokens": getattr(sc, "num_speculative_tokens", None)}
+    dmc = getattr(sc, "draft_model_config", None)
+    if dmc is not None:
+        out["draft_model"] = getattr(dmc, "model", None)
+        out["draft_architectures"] = list(getattr(dmc.hf_config, "architectures", None) or [])
+    for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        out[key] = getattr(sc, key, None)
+    return out
+
+
+def close_llm(llm: LLM | None) -> None:
+    """Shut the engine down and give its GPU memory back (as vLLM's own tests do between LLMs)."""
+    if llm is None:
+        return
+    with contextlib.suppress(Exception):
+        llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    with contextlib.suppress(Exception):
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    with contextlib.suppress(Exception):
+        torch.cuda.empty_cache()

@@ -1,0 +1,644 @@
+"""End-to-end EAGLE-3 run on one GPU machine: ``python -m vllm_compat.eagle3.e2e <phase> --work W --out O``.
+
+Phases (each re-runnable; every step is timed and appended to ``W/e2e.jsonl`` as it ends, and
+the whole list is mirrored to ``O/e2e.json``, so a killed run still reports):
+
+- ``target``: stdlib corpus -> byte-level BPE tokenizer -> Llama target trained for
+  ``--target-minutes``. Needs no vLLM. Writes the markers ``W/corpus.done``,
+  ``W/tokenizer.done``, ``W/target.done`` (JSON: ``{"status": "ok" | "error", ...}``), so it
+  can run detached (``setsid nohup ... &``) while other work goes on.
+- ``pipeline --model llama|deepseek``: waits for the marker it needs, then prepare ->
+  [self-distill: the target's own greedy continuations of training prompts, with vLLM] ->
+  extract (vLLM through ``vllm_compat.extract``, or ``--extract-backend transformers`` on CPU)
+  -> vocab -> train the draft (``--draft-minutes`` of wall clock or ``--draft-steps``) ->
+  export -> validate. ``llama`` uses the trained target; ``deepseek`` builds the tiny random
+  DeepSeek-V3 (MLA + MoE) of :mod:`.tiny_models` over the same tokenizer and data.
+- ``evaluate --model ...``: :mod:`.evaluate` on the held-out prompts (vLLM).
+- ``all``: target, then pipeline and evaluate for ``--model``.
+
+Layout under ``W``: ``corpus/``, ``tokenizer/``, ``llama/target/``, and per model
+``<model>/{prep,sd,prep_all,ds,vocab,run,draft,eval}``. Small reports, logs and plots are
+copied to ``O`` at the end of each phase (and on failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+MODELS = ("llama", "deepseek")
+JSONL = "e2e.jsonl"
+SUMMARY = "e2e.json"
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- bookkeeping
+
+
+class Recorder:
+    """Times steps; appends one JSON line per finished step to ``W/e2e.jsonl`` and mirrors all
+    lines (every phase's, also a detached one's) to ``O/e2e.json``."""
+
+    def __init__(self, work: Path, out: Path | None, phase: str, model: str | None = None) -> None:
+        self.work, self.out, self.phase, self.model = work, out, phase, model
+        work.mkdir(parents=True, exist_ok=True)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[dict[str, Any]]:
+        res: dict[str, Any] = {}
+        rec: dict[str, Any] = {"phase": self.phase, "model": self.model, "step": name,
+                               "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "status": "running"}
+        log(f"{self.phase}/{name}: start")
+        t0 = time.perf_counter()
+        try:
+            yield res
+            rec["status"] = "ok"
+        except BaseException as exc:
+            rec["status"] = "error"
+            rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            rec["traceback"] = traceback.format_exc()[-4000:]
+            raise
+        finally:
+            rec["wall_s"] = round(time.perf_counter() - t0, 2)
+            rec["result"] = res
+            self.append(rec)
+            log(f"{self.phase}/{name}: {rec['status']} in {rec['wall_s']:.1f} s "
+                f"{json.dumps(_short(res), default=str)[:400]}")
+
+    def append(self, rec: dict[str, Any]) -> None:
+        with (self.work / JSONL).open("a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
+        self.mirror()
+
+    def mirror(self) -> None:
+        if self.out is None:
+            return
+        rows = []
+        p = self.work / JSONL
+        if p.exists():
+            for line in p.read_text().splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    rows.append(json.loads(line))
+        tmp = self.out / (SUMMARY + ".tmp")
+        tmp.write_text(json.dumps({"work": str(self.work), "steps": rows}, indent=1, default=str))
+        os.replace(tmp, self.out / SUMMARY)
+
+
+def _short(res: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in res.items() if not isinstance(v, (list, dict)) or len(json.dumps(v, default=str)) < 200}
+
+
+def write_marker(work: Path, name: str, **info: Any) -> None:
+    tmp = work / f"{name}.done.tmp"
+    tmp.write_text(json.dumps(info, default=str))
+    os.replace(tmp, work / f"{name}.done")
+
+
+PID_FILE = "target.pid"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+def wait_marker(work: Path, name: str, timeout_s: float, poll_s: float = 3.0) -> dict[str, Any]:
+    """Wait for ``W/<name>.done``; fail at once if the target phase's process (``W/target.pid``)
+    has died without writing it (killed, out of memory), else after ``timeout_s``."""
+    path = work / f"{name}.done"
+    t0 = time.perf_counter()
+    last = -60.0
+    while not path.exists():
+        waited = time.perf_counter() - t0
+        if waited > timeout_s:
+            raise TimeoutError(f"{path} did not appear within {timeout_s:.0f} s (is the target phase running?)")
+        pid_file = work / PID_FILE
+        if pid_file.exists():
+            pid = int(pid_file.read_text().split()[0])
+            if pid != os.getpid() and not _alive(pid) and not path.exists():
+                raise RuntimeError(f"the target phase (pid {pid}) ended without writing {path}: see its log")
+        if waited - last >= 30:
+            log(f"waiting for {path} ({waited:.0f} s)")
+            last = waited
+        time.sleep(poll_s)
+    info = json.loads(path.read_text())
+    if info.get("status") != "ok":
+        raise RuntimeError(f"{path}: the step that writes it failed: {info.get('error')}")
+    return info
+
+
+COPY_SUFFIXES = (".json", ".md", ".png", ".csv", ".log", ".txt")
+
+
+def copy_artifacts(work: Path, out: Path | None, max_file: int = 4 << 20, max_total: int = 40 << 20) -> None:
+    """Copy small reports / logs / plots from ``work`` to ``out`` (same relative paths); never
+    model weights, datasets or the corpus text."""
+    if out is None:
+        return
+    total = 0
+    skip_dirs = {"ds", "checkpoints", "tensorboard", "prep", "prep_all", "sd", "final"}
+    for p in sorted(work.rglob("*")):
+        rel = p.relative_to(work)
+        if not p.is_file() or p.suffix not in COPY_SUFFIXES or set(rel.parts[:-1]) & skip_dirs:
+            continue
+        if rel.parts[0] == "corpus" and p.name != "corpus_report.json":
+            continue
+        if p.name in ("tokenizer.json", JSONL) or p.name.endswith(".tmp"):
+            continue
+        size = p.stat().st_size
+        if size > max_file or total + size > max_total:
+            continue
+        dst = out / "work" / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.copy2(p, dst)
+            total += size
+
+
+# --------------------------------------------------------------------------- phase: target
+
+
+def phase_target(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
+    from .corpus import build_corpus
+    from .target_train import TargetTrainConfig, train_target
+    from .tokenizer_train import train_tokenizer
+
+    work = Path(a.work)
+    corpus, tokdir, target = work / "corpus", work / "tokenizer", work / "llama" / "target"
+    for name in ("corpus", "tokenizer", "target"):  # a re-run starts over
+        (work / f"{name}.done").unlink(missing_ok=True)
+    (work / PID_FILE).write_text(f"{os.getpid()}\n")
+    current = "corpus"
+    try:
+        with rec.step("corpus") as r:
+            rep = build_corpus(corpus, root=a.stdlib_root, eval_fraction=a.eval_fraction,
+                               include_tests=not a.no_tests, chunk_chars=a.chunk_chars, max_files=a.max_files)
+            r.update({k: v for k, v in rep.to_json().items() if k != "eval_paths_sample"})
+        write_marker(work, "corpus", status="ok")
+        current = "tokenizer"
+        with rec.step("tokenizer") as r:
+            r.update(train_tokenizer(corpus / "train.txt", tokdir, vocab_size=a.vocab_size,
+                                     model_max_length=a.max_position))
+        write_marker(work, "tokenizer", status="ok")
+        current = "target"
+        with rec.step("target_train") as r:
+            cfg = TargetTrainConfig(
+                corpus_dir=str(corpus), tokenizer_dir=str(tokdir), output_dir=str(target),
+                hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate,
+                max_position_embeddings=a.max_position, seq_len=a.seq_len, batch_size=a.batch,
+                lr=a.lr, warmup_steps=a.warmup, minutes=a.target_minutes, max_steps=a.target_steps,
+                eval_tokens=a.eval_tokens, compile=a.compile, seed=a.seed, device=a.device,
+                log_every=a.log_every, select_every_s=a.select_every_s if a.select_every_s > 0 else None,
+            )
+            rep = train_target(cfg, log=log)
+            r.update({k: rep[k] for k in ("params", "steps", "tokens_seen", "epochs_seen", "tokens_per_s", "train_s",
+                                          "train_loss_first", "train_loss_last", "heldout_initial", "heldout",
+                                          "train_tokens_available", "eval_tokens_available", "device_name",
+                                          "selected_step", "selection")})
+        write_marker(work, "target", status="ok", heldout=rep["heldout"])
+        return rep
+    except BaseException as exc:
+        for name in ("corpus", "tokenizer", "target")[("corpus", "tokenizer", "target").index(current):]:
+            write_marker(work, name, status="error", error=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+# --------------------------------------------------------------------------- phase: pipeline
+
+
+def select_records(src: Path, dst: Path, n: int | None, seed: int) -> int:
+    """A seeded random subset of ``n`` lines of ``src`` (all when None), kept in file order."""
+    lines = [line for line in src.read_text().splitlines() if line.strip()]
+    if n is not None and n < len(lines):
+        keep = sorted(random.Random(seed).sample(range(len(lines)), n))
+        lines = [lines[i] for i in keep]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text("\n".join(lines) + "\n")
+    return len(lines)
+
+
+def read_prepared(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_prepared(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for i, r in enumerate(rows, start=1):
+            f.write(json.dumps({"line": i, "input_ids": list(r["input_ids"]), "loss_mask": list(r["loss_mask"])}) + "\n")
+    (path.parent / "report.json").write_text(json.dumps({"kept": len(rows), "kept_tokens": sum(len(r["input_ids"]) for r in rows)}))
+
+
+def self_distill(target: Path, prepared: list[dict[str, Any]], n: int, prompt_len: int, max_tokens: int,
+                 engine: dict[str, Any], seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The target's greedy continuations of ``n`` training prompts (the first ``prompt_len``
+    tokens of prepared records) as training records; the loss mask is on every token but the first."""
+    from ..adapters import load
+
+    serve = load("_serve")
+    eligible = [r["input_ids"][:prompt_len] for r in prepared if len(r["input_ids"]) >= prompt_len]
+    pick = sorted(random.Random(seed).sample(range(len(eligible)), min(n, len(eligible))))  # spread over files
+    prompts = [eligible[i] for i in pick]
+    t0 = time.perf_counter()
+    llm = serve.open_llm(str(target), log_stats=False, **engine)
+    start_s = time.perf_counter() - t0
+    try:
+        outs, gen_s = serve.timed_generate(llm, prompts, max_tokens=max_tokens)
+    finally:
+        serve.close_llm(llm)
+    rows = []
+    for p, o in zip(prompts, outs):
+        ids = list(p) + list(o)
+        rows.append({"input_ids": ids, "loss_mask": [0] + [1] * (len(ids) - 1)})
+    gen = sum(len(o) for o in outs)
+    distinct = sum(len(set(o)) / max(len(o), 1) for o in outs) / max(len(outs), 1)
+    return rows, {"prompts": len(prompts), "generated_tokens": gen, "engine_start_s": round(start_s, 2),
+                  "generate_s": round(gen_s, 2), "tok_s": round(gen / max(gen_s, 1e-9), 1),
+                  "mean_distinct_token_fraction": round(distinct, 4)}
+
+
+def extract_budgeted(target: Path, records_dir: Path, output_dir: Path, aux: Sequence[int], *, budget_s: float | None,
+                     dtype: Any, samples_per_shard: int = 256, **extractor_kwargs: Any) -> dict[str, Any]:
+    """``extract_step.extract_dataset``'s vLLM path with a wall-clock stop: samples come back in
+    input order, so stopping early leaves a dataset of the first records (resumable as usual)."""
+    from ..extract import HiddenStatesExtractor
+    from ..extract.layers import hidden_size_from_config, num_layers_from_config, read_model_config
+    from .data import ShardWriter
+    from .prepare import iter_token_records
+
+    cfg = read_model_config(str(target))
+    n = num_layers_from_config(cfg)
+    writer = ShardWriter(output_dir, hidden_size=hidden_size_from_config(cfg), aux_layer_ids=list(aux),
+                         final_layer_id=n, dtype=dtype, samples_per_shard=samples_per_shard,
+                         target={"name_or_path": str(target.resolve()), "vocab_size": cfg.get("vocab_size"),
+                                 "num_hidden_layers": n})
+    done = writer.num_samples
+    records = [r for i, r in enumerate(iter_token_records(records_dir)) if i >= done]
+    res: dict[str, Any] = {"records_available": done + len(records), "already_done": done, "stopped_by_budget": False}
+    tokens = 0
+    try:
+        t0 = time.perf_counter()
+        with HiddenStatesExtractor(str(target), layer_ids=[*aux, n], **extractor_kwargs) as ex:
+            res["engine_start_s"] = round(time.perf_counter() - t0, 2)
+            res["extractor"] = {k: v for k, v in ex.info.items() if isinstance(v, (str, int, float, bool, type(None)))}
+            t1 = time.perf_counter()
+            for sample in ex.extract(ids.tolist() for ids, _ in records):
+                ids, mask = records[sample.index]
+                writer.add({"input_ids": ids, "loss_mask": mask, "hidden_states": sample.hidden_states})
+                tokens += int(ids.numel())
+                if budget_s is not None and time.perf_counter() - t1 > budget_s:
+                    res["stopped_by_budget"] = True
+                    break
+            res["extract_s"] = round(time.perf_counter() - t1, 2)
+    finally:
+        manifest = writer.close()
+    res.update(samples=manifest.num_samples, tokens=manifest.num_tokens, new_tokens=tokens,
+               tok_s=round(tokens / max(res.get("extract_s") or 1e-9, 1e-9), 1))
+    return res
+
+
+def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | None, steps: int | None,
+                calib_steps: int = 20) -> dict[str, Any]:
+    """``train.train`` on ``device`` for ``steps`` steps, or as many as fit in ``minutes`` (calibration
+    included, measured with three short runs); the cosine schedule spans the steps actually run."""
+    import importlib
+
+    import torch
+
+    from .data import HiddenStatesDataset
+
+    # the module, not the function the package re-exports under the same name
+    T = importlib.import_module(f"{__package__}.train")
+
+    n = len(HiddenStatesDataset(cfg_kwargs["dataset"]))
+    per_epoch = n // cfg_kwargs["batch_size"]
+    if per_epoch == 0:
+        raise ValueError(f"{n} samples < batch size {cfg_kwargs['batch_size']}")
+    info: dict[str, Any] = {"samples": n, "steps_per_epoch": per_epoch, "device": str(device)}
+    if steps is None:
+        if minutes is None:
+            raise ValueError("pass minutes or steps")
+        # Steady-state speed: runs of 1 (warm-up: CUDA context, kernels), 2 and 2 + calib steps;
+        # the step time is the difference of the last two, so set-up costs cancel out.
+        t_all = time.perf_counter()
+        calib = max(1, min(calib_steps, per_epoch - 2))
+        out = Path(cfg_kwargs["output_dir"])
+        scratch = out.parent / (out.name + "_calibrate")
+        times = []
+        for n_steps in (1, 2, 2 + calib):
+            shutil.rmtree(scratch, ignore_errors=True)
+            t0 = time.perf_counter()
+            _run_train(T, T.TrainConfig(**{**cfg_kwargs, "output_dir": str(scratch), "max_steps": n_steps,
+                                           "epochs": 1, "checkpoint_every": 10 ** 9}), device)
+            times.append(time.perf_counter() - t0)
+        shutil.rmtree(scratch, ignore_errors=True)
+        per_step = (times[2] - times[1]) / calib if times[2] > times[1] else times[2] / (2 + calib)
+        setup = max(0.0, times[1] - 2 * per_step)
+        calib_s = time.perf_counter() - t_all
+        steps = max(1, int((minutes * 60.0 - calib_s - setup) / per_step))
+        info.update(calibration_runs_s=[round(t, 2) for t in times], calibration_s=round(calib_s, 2),
+                    step_s_estimate=round(per_step, 4), setup_s_estimate=round(setup, 2))
+    epochs = max(1, math.ceil(steps / per_epoch))
+    cfg = T.TrainConfig(**{**cfg_kwargs, "epochs": epochs, "max_steps": steps})
+    t0 = time.perf_counter()
+    res = _run_train(T, cfg, device)
+    train_s = time.perf_counter() - t0
+    info.update(steps=res.step, epochs=epochs, epochs_seen=res.step / per_epoch, train_s=round(train_s, 2),
+                steps_per_s=round(res.step / max(train_s, 1e-9), 3), last=res.last_metrics)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return info
+
+
+def _run_train(T: Any, cfg: Any, device: Any) -> Any:
+    """Single-process ``train.train`` on ``device``. ``train`` picks its device in ``_dist()``:
+    the CPU for a single process. Until ``TrainConfig`` has a device option, the single-process
+    branch is given ``device`` for the duration of this call."""
+    if device.type == "cpu":
+        return T.train(cfg, resume=False)
+    if "device" in {f.name for f in fields(T.TrainConfig)}:
+        cfg.device = str(device)
+        return T.train(cfg, resume=False)
+    orig = T._dist
+    T._dist = lambda: (0, 1, device, False)
+    try:
+        return T.train(cfg, resume=False)
+    finally:
+        T._dist = orig
+
+
+def _engine(a: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len)
+    kw.update(extra)
+    if a.engine_kwargs:
+        kw.update(json.loads(a.engine_kwargs))
+    return kw
+
+
+def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
+    import torch
+
+    from .corpus import TRAIN_CHUNKS
+    from .export import export
+    from .extract_step import aux_layer_ids_for, extract_dataset
+    from .prepare import PREPARED, prepare
+    from .target import read_target
+    from .validate import validate
+    from .vocab import build_vocab
+
+    work = Path(a.work)
+    mdir = work / a.model
+    target = (work / "llama" / "target") if a.model == "llama" else (mdir / "target")
+    summary: dict[str, Any] = {}
+    with rec.step("wait_target" if a.model == "llama" else "wait_tokenizer") as r:
+        r.update(wait_marker(work, "target" if a.model == "llama" else "tokenizer", a.wait_timeout))
+    if a.model == "deepseek":
+        with rec.step("build_deepseek_v3") as r:
+            from .tiny_models import build_tiny
+            from .tokenizer_train import BOS, EOS, PAD
+
+            tok = json.loads((work / "tokenizer" / "tokenizer_report.json").read_text())
+            build_tiny("deepseek_v3", target, vocab_size=tok["vocab_size"], bos_token_id=tok["bos_token_id"],
+                       eos_token_id=tok["eos_token_id"], pad_token_id=tok["pad_token_id"],
+                       max_position_embeddings=a.max_position, tokenizer_dir=work / "tokenizer")
+            r.update(path=str(target), special=[BOS, EOS, PAD], config=read_target(target).config.get("architectures"))
+    tinfo = read_target(target)
+    with rec.step("prepare") as r:
+        subset = mdir / "train_subset.jsonl"
+        r["records_selected"] = select_records(work / "corpus" / TRAIN_CHUNKS, subset, a.max_records, a.seed)
+        shutil.rmtree(mdir / "prep", ignore_errors=True)
+        rep = prepare(subset, target, mdir / "prep", max_length=a.max_model_len - 1, progress=False)
+        r.update(rep.to_json())
+    rows = read_prepared(mdir / "prep" / PREPARED)
+    sd_rows: list[dict[str, Any]] = []
+    n_sd = a.self_distill if a.self_distill is not None else (
+        1024 if a.model == "llama" and a.extract_backend == "vllm" else 0)
+    if n_sd:
+        with rec.step("self_distill") as r:
+            sd_rows, info = self_distill(target, rows, n_sd, a.sd_prompt_len, a.sd_max_tokens,
+                                         _engine(a, enforce_eager=True), seed=a.seed)
+            write_prepared(mdir / "sd" / PREPARED, sd_rows)
+            r.update(info)
+    with rec.step("merge") as r:
+        merged = rows + sd_rows
+        random.Random(a.seed).shuffle(merged)  # a budget-stopped extraction keeps a mix of both
+        shutil.rmtree(mdir / "prep_all", ignore_errors=True)
+        write_prepared(mdir / "prep_all" / PREPARED, merged)
+        r.update(records=len(merged), tokens=sum(len(x["input_ids"]) for x in merged),
+                 corpus_records=len(rows), self_distill_records=len(sd_rows))
+    aux = aux_layer_ids_for(target, a.aux_layer_ids or (None if tinfo.num_hidden_layers >= 8 else
+                                                        list(range(1, tinfo.num_hidden_layers))[-3:]))
+    with rec.step("extract") as r:
+        shutil.rmtree(mdir / "ds", ignore_errors=True)
+        r["aux_layer_ids"] = list(aux)
+        dtype = getattr(torch, a.extract_dtype)
+        if a.extract_backend == "vllm":
+            r.update(extract_budgeted(target, mdir / "prep_all", mdir / "ds", aux, budget_s=a.extract_budget_s,
+                                      dtype=dtype, **_engine(a, enforce_eager=not a.extract_compiled,
+                                                             max_num_batched_tokens=a.max_num_batched_tokens)))
+        else:
+            t0 = time.perf_counter()
+            r["samples"] = extract_dataset(target, mdir / "prep_all", mdir / "ds", aux, backend="transformers",
+                                           dtype=dtype, progress=False)
+            r["extract_s"] = round(time.perf_counter() - t0, 2)
+    with rec.step("vocab") as r:
+        size = a.draft_vocab_size or tinfo.vocab_size
+        shutil.rmtree(mdir / "vocab", ignore_errors=True)
+        m = build_vocab(mdir / "ds", tinfo.vocab_size, draft_vocab_size=size, output_dir=mdir / "vocab", progress=False)
+        r.update(draft_vocab_size=m.draft_vocab_size, target_vocab_size=m.target_vocab_size, coverage=m.coverage)
+    with rec.step("train_draft") as r:
+        shutil.rmtree(mdir / "run", ignore_errors=True)
+        device = torch.device(a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+        kw = dict(dataset=str(mdir / "ds"), target=str(target), vocab=str(mdir / "vocab"), output_dir=str(mdir / "run"),
+                  batch_size=a.draft_batch, ttt_steps=a.ttt_steps, lr=a.draft_lr, warmup_steps=a.draft_warmup,
+                  min_lr_ratio=0.1, dtype="bf16" if device.type == "cuda" else "fp32", seed=a.seed,
+                  checkpoint_every=10 ** 9, progress=False, tensorboard=False)
+        r.update(train_draft(kw, device, minutes=a.draft_minutes, steps=a.draft_steps))
+        summary["draft_train"] = r
+    with rec.step("export") as r:
+        shutil.rmtree(mdir / "draft", ignore_errors=True)
+        r["path"] = str(export(mdir / "run", target, mdir / "draft", speculative_tokens=a.speculative_tokens))
+    with rec.step("validate") as r:
+        with_vllm = False if a.no_vllm_validate else None
+        rep = validate(mdir / "draft", target, with_vllm=with_vllm, raise_on_error=False)
+        r.update(ok=rep.ok, problems=[{"code": p.code, "error": p.error, "message": p.message} for p in rep.problems],
+                 serving=(vars(rep.serving) if rep.serving else None))
+        if not rep.ok:
+            raise RuntimeError(f"validate found errors: {[p.code for p in rep.errors]}")
+    return summary
+
+
+# --------------------------------------------------------------------------- phase: evaluate
+
+
+def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
+    from .evaluate import EvalConfig, evaluate
+
+    work = Path(a.work)
+    mdir = work / a.model
+    target = (work / "llama" / "target") if a.model == "llama" else (mdir / "target")
+    draft = mdir / "draft"
+    ks = a.k if a.k is not None else ([3, 1, 5] if a.model == "llama" else [3])
+    ngram_ks = a.ngram_k if a.ngram_k is not None else ([3, 1, 5] if a.model == "llama" else [])
+    with rec.step("evaluate") as r:
+        cfg = EvalConfig(
+            target=str(target), draft=str(draft) if (draft / "config.json").exists() else None,
+            prompts_file=str(work / "corpus" / "eval.jsonl"), output_dir=str(mdir / "eval"), ks=ks, ngram_ks=ngram_ks,
+            prompt_lookup_min=a.prompt_lookup_min, prompt_lookup_max=a.prompt_lookup_max, prompt_len=a.prompt_len,
+            max_tokens=a.max_tokens, batch_prompts=a.batch_prompts, batch1_prompts=a.batch1_prompts,
+            enforce_eager=a.enforce_eager, gpu_memory_utilization=a.gpu_memory_utilization,
+            max_model_len=a.eval_max_model_len, engine_kwargs=json.loads(a.engine_kwargs) if a.engine_kwargs else {},
+            budget_s=a.eval_budget_s, label=f"EAGLE-3 on {a.model} target",
+        )
+        res = evaluate(cfg, log=log)
+        r.update(wall_s=res.get("wall_s"), eagle3_vs_ngram=res["summary"]["eagle3_vs_ngram"],
+                 configs=[{k: c.get(k) for k in ("name", "status", "engine_start_s", "wall_s", "error")}
+                          for c in res["configs"]])
+        if a.out:
+            for name in ("evaluate.json", "evaluate.md", "evaluate.png"):
+                p = mdir / "eval" / name
+                if p.exists():
+                    shutil.copy2(p, Path(a.out) / f"{a.model}-{name}")
+    return res
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vllm_compat.eagle3.e2e", description=__doc__.split("\n\n")[0])
+    p.add_argument("phase", choices=("target", "pipeline", "evaluate", "all"))
+    p.add_argument("--work", required=True, help="work directory (kept between phases)")
+    p.add_argument("--out", help="directory for reports, logs and plots (e.g. $OUT)")
+    p.add_argument("--model", choices=MODELS, default="llama")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    g = p.add_argument_group("target phase")
+    g.add_argument("--stdlib-root", help="default: sysconfig.get_paths()['stdlib']")
+    g.add_argument("--max-files", type=int, help="first N files only (tests)")
+    g.add_argument("--no-tests", action="store_true", help="leave out the stdlib's test directories")
+    g.add_argument("--eval-fraction", type=float, default=0.05)
+    g.add_argument("--chunk-chars", type=int, default=2048)
+    g.add_argument("--vocab-size", type=int, default=8192)
+    g.add_argument("--hidden", type=int, default=512)
+    g.add_argument("--layers", type=int, default=8)
+    g.add_argument("--heads", type=int, default=8)
+    g.add_argument("--kv-heads", type=int, default=4)
+    g.add_argument("--intermediate", type=int, default=1536)
+    g.add_argument("--max-position", type=int, default=2048)
+    g.add_argument("--seq-len", type=int, default=512)
+    g.add_argument("--batch", type=int, default=64)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--warmup", type=int, default=200)
+    g.add_argument("--target-minutes", type=float, default=3.0)
+    g.add_argument("--target-steps", type=int, help="a step count instead of the wall-clock budget")
+    g.add_argument("--eval-tokens", type=int, default=262_144)
+    g.add_argument("--compile", action="store_true", help="torch.compile the target for training")
+    g.add_argument("--log-every", type=int, default=50)
+    g.add_argument("--select-every-s", type=float, default=20.0,
+                   help="held-out selection loss every this many seconds; the best parameters are saved (0: off)")
+    g = p.add_argument_group("pipeline phase")
+    g.add_argument("--wait-timeout", type=float, default=900.0, help="seconds to wait for the target phase's marker")
+    g.add_argument("--max-records", type=int, default=3000, help="training chunks used (seeded random subset)")
+    g.add_argument("--self-distill", type=int, metavar="N",
+                   help="also train on the target's greedy continuations of N training prompts (vLLM); "
+                        "default 1024 for llama with the vllm backend, else 0")
+    g.add_argument("--sd-prompt-len", type=int, default=64)
+    g.add_argument("--sd-max-tokens", type=int, default=448)
+    g.add_argument("--extract-backend", choices=("vllm", "transformers"), default="vllm")
+    g.add_argument("--extract-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    g.add_argument("--extract-budget-s", type=float, help="stop extracting after this many seconds (keeps what is done)")
+    g.add_argument("--extract-compiled", action="store_true", help="torch.compile + CUDA graphs for extraction (default eager)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    g.add_argument("--aux-layer-ids", type=int, nargs="+",
+                   help="default: (2, L//2, L-3) for L >= 8 layers, else the last three of 1..L-1")
+    g.add_argument("--draft-vocab-size", type=int, help="default: the target's (full vocabulary, no d2t)")
+    g.add_argument("--draft-minutes", type=float, default=2.0)
+    g.add_argument("--draft-steps", type=int, help="a step count instead of --draft-minutes")
+    g.add_argument("--draft-batch", type=int, default=16)
+    g.add_argument("--draft-lr", type=float, default=5e-4)
+    g.add_argument("--draft-warmup", type=int, default=100)
+    g.add_argument("--ttt-steps", type=int, default=5)
+    g.add_argument("--speculative-tokens", type=int, default=3, help="written into the exported config")
+    g.add_argument("--no-vllm-validate", action="store_true")
+    g = p.add_argument_group("engines (pipeline and evaluate)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    g.add_argument("--max-model-len", type=int, default=2048, help="pipeline engines (prepare drops longer records)")
+    g.add_argument("--engine-kwargs", help="JSON: more vllm.LLM keywords")
+    g = p.add_argument_group("evaluate phase")
+    g.add_argument("--k", type=int, nargs="+", help="EAGLE-3 K's, in run order (default llama: 3 1 5; deepseek: 3)")
+    g.add_argument("--ngram-k", type=int, nargs="*", help="n-gram K's (default llama: 3 1 5; deepseek: none)")
+    g.add_argument("--prompt-lookup-min", type=int, default=2)
+    g.add_argument("--prompt-lookup-max", type=int, default=5)
+    g.add_argument("--prompt-len", type=int, default=128)
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--batch-prompts", type=int, default=32)
+    g.add_argument("--batch1-prompts", type=int, default=8)
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile in evaluate")
+    g.add_argument("--eval-max-model-len", type=int, default=1024)
+    g.add_argument("--eval-budget-s", type=float, help="skip configurations that would not fit in this many seconds")
+    return p
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    # `timeout` sends SIGTERM: unwind, so the running step is recorded and reports are copied
+    raise SystemExit(f"terminated by signal {signum} (a timeout?)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    work = Path(a.work)
+    out = Path(a.out) if a.out else None
+    phases = ["target", "pipeline", "evaluate"] if a.phase == "all" else [a.phase]
+    rc = 0
+    for ph in phases:
+        rec = Recorder(work, out, ph, None if ph == "target" else a.model)
+        t0 = time.perf_counter()
+        try:
+            {"target": phase_target, "pipeline": phase_pipeline, "evaluate": phase_evaluate}[ph](a, rec)
+            rec.append({"phase": ph, "model": rec.model, "step": "_phase", "status": "ok",
+                        "wall_s": round(time.perf_counter() - t0, 2)})
+        except BaseException as exc:
+            rec.append({"phase": ph, "model": rec.model, "step": "_phase", "status": "error",
+                        "error": f"{type(exc).__name__}: {exc}"[:2000], "wall_s": round(time.perf_counter() - t0, 2)})
+            traceback.print_exc()
+            rc = 1
+            break
+        finally:
+            copy_artifacts(work, out)
+    return rc
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

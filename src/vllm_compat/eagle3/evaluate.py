@@ -1,0 +1,459 @@
+"""``eagle3 evaluate``: serve target + draft with vLLM speculative decoding and measure it.
+
+For each configuration -- no speculation (baseline), EAGLE-3 with ``K`` speculative tokens,
+vLLM's n-gram (prompt-lookup) speculator with ``K`` -- one engine is started, warmed up,
+and run on the same held-out prompts twice: at batch 1 (the first ``batch1_prompts`` prompts,
+one ``generate`` each) and at batch ``len(prompts)`` (all in one ``generate``). Greedy,
+``ignore_eos``, ``max_tokens`` new tokens per prompt. Measured per run:
+
+- output tokens / wall second around ``generate`` (speedup = tok/s over the baseline's);
+- from vLLM's spec-decode counters (``LLM.get_metrics()``; cumulative, so the difference
+  between snapshots taken right before and after the run):
+  ``acceptance_length = 1 + accepted / drafts`` (vLLM's own "mean acceptance length") and
+  ``per_position[i] = accepted_per_pos[i] / drafts``;
+- ``effective_acceptance_length = generated / (generated - accepted)``: output tokens per
+  target forward pass. vLLM counts a draft only when the proposer proposed something, so
+  for n-gram (which proposes nothing when the context has no match) its acceptance length
+  is conditional on a match; the effective one counts every step and compares methods on
+  equal terms. For EAGLE-3 (a draft at every decode step) the two nearly agree;
+- whether the greedy outputs equal the baseline's (speculative decoding must not change
+  greedy output; bf16 batch-shape differences can flip a near-tie).
+
+Every configuration runs in ``try``/``except``: a failure is recorded (message and the tail
+of the traceback) and the others continue. ``evaluate.json`` is rewritten after every
+configuration (a killed run still reports), ``evaluate.md`` holds the summary table, and
+``evaluate.png`` the plots when matplotlib is installed. Nothing here imports vLLM; the
+engine side is :mod:`vllm_compat.adapters._serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+RESULT_JSON = "evaluate.json"
+RESULT_MD = "evaluate.md"
+RESULT_PNG = "evaluate.png"
+
+
+# --------------------------------------------------------------------------- counters
+
+
+@dataclass
+class SpecCounters:
+    """The spec-decode counters of one snapshot (summed over label sets, i.e. engines)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def __sub__(self, before: SpecCounters) -> SpecCounters:
+        n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
+        a = self.accepted_per_pos + [0] * (n - len(self.accepted_per_pos))
+        b = before.accepted_per_pos + [0] * (n - len(before.accepted_per_pos))
+        out = SpecCounters(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
+                           self.accepted - before.accepted, [x - y for x, y in zip(a, b)])
+        if min(out.drafts, out.draft_tokens, out.accepted, *out.accepted_per_pos, 0) < 0:
+            raise ValueError(f"counters went down between snapshots ({before} -> {self}): "
+                             "snapshots of different engines?")
+        return out
+
+
+def _base_name(name: str) -> str:
+    # prometheus_client names a counter family without "_total"; its samples carry it
+    return name.removesuffix("_total")
+
+
+def spec_counters(metrics: Iterable[Any]) -> SpecCounters:
+    """Reduce a ``LLM.get_metrics()`` snapshot (``vllm.v1.metrics.reader`` objects: ``.name``,
+    ``.labels`` and ``.value`` for a ``Counter``, ``.values`` for a ``Vector``) to the
+    spec-decode counters. Absent counters (no speculation configured) read as zero."""
+    c = SpecCounters()
+    for m in metrics:
+        name = _base_name(getattr(m, "name", ""))
+        if name == SPEC_ACCEPTED_PER_POS:
+            values = [int(v) for v in getattr(m, "values", [])]
+            if len(values) > len(c.accepted_per_pos):
+                c.accepted_per_pos += [0] * (len(values) - len(c.accepted_per_pos))
+            for i, v in enumerate(values):
+                c.accepted_per_pos[i] += v
+        elif name == SPEC_DRAFTS:
+            c.drafts += int(m.value)
+        elif name == SPEC_DRAFT_TOKENS:
+            c.draft_tokens += int(m.value)
+        elif name == SPEC_ACCEPTED:
+            c.accepted += int(m.value)
+    return c
+
+
+def acceptance(delta: SpecCounters, generated_tokens: int, num_requests: int) -> dict[str, Any]:
+    """Acceptance statistics of one run from its counter delta and its output token count."""
+    d = delta.drafts
+    steps = max(generated_tokens - delta.accepted, 1)  # target forward passes that emitted tokens
+    return {
+        "num_drafts": d, "num_draft_tokens": delta.draft_tokens, "num_accepted_tokens": delta.accepted,
+        "accepted_per_pos": list(delta.accepted_per_pos),
+        "acceptance_length": (1.0 + delta.accepted / d) if d else None,
+        "per_position": [a / d for a in delta.accepted_per_pos] if d else [],
+        "draft_acceptance_rate": (delta.accepted / delta.draft_tokens) if delta.draft_tokens else None,
+        "effective_acceptance_length": generated_tokens / steps if generated_tokens else None,
+        # decode steps that had a draft (the first token of each request comes from prefill)
+        "draft_coverage": d / max(steps - num_requests, 1) if generated_tokens else None,
+    }
+
+
+def match_baseline(outputs: Sequence[Sequence[int]], baseline: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """How many greedy outputs equal the baseline's, and the mean matching-prefix fraction."""
+    if len(outputs) != len(baseline):
+        raise ValueError(f"{len(outputs)} outputs vs {len(baseline)} baseline outputs")
+    exact, prefix = 0, []
+    for o, b in zip(outputs, baseline):
+        exact += list(o) == list(b)
+        n = 0
+        for x, y in zip(o, b):
+            if x != y:
+                break
+            n += 1
+        prefix.append(n / max(len(b), 1))
+    k = max(len(outputs), 1)
+    return {"exact": exact, "total": len(outputs), "exact_fraction": exact / k,
+            "mean_prefix_fraction": sum(prefix) / k}
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def build_prompts(tokenizer_json: str | os.PathLike[str], chunks_jsonl: str | os.PathLike[str],
+                  prompt_len: int, n: int) -> tuple[list[list[int]], list[str]]:
+    """``n`` prompts: the first ``prompt_len`` token ids (``<|bos|>`` included, as the tokenizer's
+    post-processor adds it) of held-out chunks with at least that many tokens, taken at evenly
+    spaced indices of the (file-ordered) chunk list so they span many files. Returns
+    ``(prompts, source paths)``."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    rows = [json.loads(line) for line in Path(chunks_jsonl).read_text().splitlines() if line.strip()]
+    encs = tok.encode_batch([r["prompt"] + r["completion"] for r in rows], add_special_tokens=True)
+    ok = [(r.get("path", ""), e.ids[:prompt_len]) for r, e in zip(rows, encs) if len(e.ids) >= prompt_len]
+    if len(ok) < n:
+        raise ValueError(f"{chunks_jsonl}: {len(ok)} chunks with >= {prompt_len} tokens, {n} prompts wanted")
+    idx = [round(i * (len(ok) - 1) / max(n - 1, 1)) for i in range(n)] if n > 1 else [0]
+    return [list(ok[i][1]) for i in idx], [ok[i][0] for i in idx]
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass
+class EvalConfig:
+    target: str
+    draft: str | None
+    prompts_file: str  # held-out chunks (corpus eval.jsonl)
+    output_dir: str
+    ks: list[int] = field(default_factory=lambda: [3, 1, 5])  # run order: the first K's configs run first
+    ngram_ks: list[int] = field(default_factory=lambda: [3, 1, 5])
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    prompt_len: int = 128
+    max_tokens: int = 256
+    batch_prompts: int = 32  # the batched run: all at once
+    batch1_prompts: int = 8  # the batch-1 run: the first of them, one at a time
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.25
+    max_model_len: int | None = 1024
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    budget_s: float | None = None  # skip configurations that would not finish in time
+    baseline: bool = True
+    warmup_tokens: int = 16
+    label: str = ""
+
+
+def planned_configs(cfg: EvalConfig) -> list[dict[str, Any]]:
+    """Run order: baseline; then for each K of ``ks``: eagle3-K and ngram-K (if listed); then the
+    n-gram Ks not in ``ks``."""
+    out: list[dict[str, Any]] = []
+    if cfg.baseline:
+        out.append({"name": "baseline", "method": None, "k": None, "speculative_config": None})
+    ng = {"prompt_lookup_min": cfg.prompt_lookup_min, "prompt_lookup_max": cfg.prompt_lookup_max}
+
+    def ngram(k: int) -> dict[str, Any]:
+        return {"name": f"ngram-k{k}", "method": "ngram", "k": k,
+                "speculative_config": {"method": "ngram", "num_speculative_tokens": k, **ng}}
+
+    for k in cfg.ks:
+        if cfg.draft is not None:
+            out.append({"name": f"eagle3-k{k}", "method": "eagle3", "k": k, "speculative_config": {
+                "method": "eagle3", "model": str(Path(cfg.draft).resolve()), "num_speculative_tokens": k}})
+        if k in cfg.ngram_ks:
+            out.append(ngram(k))
+    out += [ngram(k) for k in cfg.ngram_ks if k not in cfg.ks]
+    return out
+
+
+def _tail(text: str, n: int = 4000) -> str:
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+def _run(serve: Any, llm: Any, prompts: list[list[int]], max_tokens: int, batched: bool) -> tuple[dict[str, Any], list[list[int]]]:
+    before = spec_counters(serve.metrics(llm))
+    if batched:
+        outs, wall = serve.timed_generate(llm, prompts, max_tokens=max_tokens)
+    else:
+        outs, wall = [], 0.0
+        for p in prompts:
+            o, w = serve.timed_generate(llm, [p], max_tokens=max_tokens)
+            outs += o
+            wall += w
+    delta = spec_counters(serve.metrics(llm)) - before
+    gen = sum(len(o) for o in outs)
+    run = {"requests": len(prompts), "prompt_tokens": sum(len(p) for p in prompts), "generated_tokens": gen,
+           "wall_s": round(wall, 4), "output_tok_s": gen / wall if wall > 0 else None,
+           "spec": acceptance(delta, gen, len(prompts)) if delta.drafts or delta.draft_tokens else None}
+    return run, outs
+
+
+def evaluate(cfg: EvalConfig, *, serve: Any = None, log: Any = print) -> dict[str, Any]:
+    """Run every planned configuration; returns the result dict (also ``evaluate.json``)."""
+    t_start = time.perf_counter()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = str(Path(cfg.target).resolve())
+    n = max(cfg.batch_prompts, cfg.batch1_prompts)
+    prompts, paths = build_prompts(Path(target) / "tokenizer.json", cfg.prompts_file, cfg.prompt_len, n)
+    runs = {"batch1": prompts[: cfg.batch1_prompts], f"batch{cfg.batch_prompts}": prompts[: cfg.batch_prompts]}
+    if serve is None:
+        from ..adapters import load
+
+        serve = load("_serve")
+    result: dict[str, Any] = {
+        "label": cfg.label, "config": asdict(cfg), "target": target,
+        "draft": str(Path(cfg.draft).resolve()) if cfg.draft else None, "vllm_version": serve.version(),
+        "prompts": {"count": n, "prompt_len": cfg.prompt_len, "max_tokens": cfg.max_tokens,
+                    "source_files": sorted(set(paths)), "runs": {k: len(v) for k, v in runs.items()}},
+        "configs": [],
+    }
+    baseline_outputs: dict[str, list[list[int]]] = {}
+    longest = 0.0
+    # no more requests than the batched run sends at once: fewer CUDA-graph sizes to capture
+    engine_kwargs = {"max_num_seqs": max(cfg.batch_prompts, cfg.batch1_prompts), **cfg.engine_kwargs}
+    for plan in planned_configs(cfg):
+        entry: dict[str, Any] = {k: plan[k] for k in ("name", "method", "k", "speculative_config")}
+        elapsed = time.perf_counter() - t_start
+        if cfg.budget_s is not None and elapsed + max(longest, 30.0) > cfg.budget_s:
+            entry.update(status="skipped", reason=f"time budget: {elapsed:.0f} s used of {cfg.budget_s:.0f} s, "
+                                                  f"a configuration took up to {longest:.0f} s")
+            result["configs"].append(entry)
+            log(f"[evaluate] {plan['name']}: skipped (time budget)")
+            _write(result, out)
+            continue
+        log(f"[evaluate] {plan['name']}: starting the engine")
+        llm = None
+        t0 = time.perf_counter()
+        try:
+            llm = serve.open_llm(target, speculative_config=plan["speculative_config"],
+                                 enforce_eager=cfg.enforce_eager, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                 max_model_len=cfg.max_model_len, **engine_kwargs)
+            entry["engine_start_s"] = round(time.perf_counter() - t0, 2)
+            entry["engine"] = serve.speculative_summary(llm)
+            if cfg.warmup_tokens:
+                serve.generate(llm, prompts[:2], max_tokens=cfg.warmup_tokens)
+            entry["runs"] = {}
+            for run_name, ps in runs.items():
+                run, outs = _run(serve, llm, ps, cfg.max_tokens, batched=run_name != "batch1")
+                if plan["method"] is None:
+                    baseline_outputs[run_name] = outs
+                elif run_name in baseline_outputs:
+                    run["match_baseline"] = match_baseline(outs, baseline_outputs[run_name])
+                entry["runs"][run_name] = run
+                spec = run["spec"] or {}
+                log(f"[evaluate] {plan['name']} {run_name}: {run['output_tok_s'] or 0:.0f} tok/s, "
+                    f"acceptance length {spec.get('acceptance_length')}, "
+                    f"effective {spec.get('effective_acceptance_length')}")
+            if plan["method"] is None:
+                result["samples"] = _samples(target, prompts[:2], baseline_outputs.get("batch1", [])[:2])
+            entry["status"] = "ok"
+        except Exception as exc:  # report and go on: one failing configuration must not hide the others
+            entry.update(status="error", error=f"{type(exc).__name__}: {exc}"[:2000],
+                         traceback=_tail(traceback.format_exc()))
+            log(f"[evaluate] {plan['name']}: FAILED {type(exc).__name__}: {str(exc)[:500]}")
+        finally:
+            try:
+                serve.close_llm(llm)
+            except Exception as exc:  # pragma: no cover - shutdown trouble is reported, not raised
+                entry["close_error"] = f"{type(exc).__name__}: {exc}"
+            llm = None
+        entry["wall_s"] = round(time.perf_counter() - t0, 2)
+        longest = max(longest, entry["wall_s"])
+        result["configs"].append(entry)
+        result["summary"] = summarize(result)
+        _write(result, out)
+    result["wall_s"] = round(time.perf_counter() - t_start, 2)
+    result["summary"] = summarize(result)
+    _write(result, out)
+    result["plot"] = str(plot(result, out / RESULT_PNG) or "") or None
+    _write(result, out)
+    return result
+
+
+def _samples(target: str, prompts: list[list[int]], outputs: list[list[int]]) -> list[dict[str, str]]:
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(Path(target) / "tokenizer.json"))
+        return [{"prompt": tok.decode(p)[-400:], "baseline_output": tok.decode(o)[:800]}
+                for p, o in zip(prompts, outputs)]
+    except Exception as exc:  # samples are decoration
+        return [{"error": f"{type(exc).__name__}: {exc}"}]
+
+
+def _write(result: dict[str, Any], out: Path) -> None:
+    tmp = out / (RESULT_JSON + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    os.replace(tmp, out / RESULT_JSON)
+    (out / RESULT_MD).write_text(markdown_table(result))
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """One row per configuration and run: tok/s, speedup over the baseline, acceptance lengths,
+    per-position rates, baseline match; plus EAGLE-3 vs n-gram at each K both ran."""
+    base = next((c for c in result["configs"] if c.get("method") is None and c.get("status") == "ok"), None)
+    rows = []
+    for c in result["configs"]:
+        if c.get("status") != "ok":
+            rows.append({"config": c["name"], "method": c.get("method"), "k": c.get("k"), "status": c.get("status"),
+                         "error": c.get("error") or c.get("reason")})
+            continue
+        for run_name, r in c.get("runs", {}).items():
+            b = (base or {}).get("runs", {}).get(run_name)
+            spec = r.get("spec") or {}
+            rows.append({
+                "config": c["name"], "method": c.get("method"), "k": c.get("k"), "run": run_name, "status": "ok",
+                "output_tok_s": r.get("output_tok_s"),
+                "speedup": (r["output_tok_s"] / b["output_tok_s"]) if b and b.get("output_tok_s") and r.get("output_tok_s") else None,
+                "acceptance_length": spec.get("acceptance_length"),
+                "effective_acceptance_length": spec.get("effective_acceptance_length"),
+                "per_position": spec.get("per_position"),
+                "draft_coverage": spec.get("draft_coverage"),
+                "match_exact_fraction": (r.get("match_baseline") or {}).get("exact_fraction"),
+            })
+    compare = []
+    ok = {(r["method"], r["k"], r.get("run")): r for r in rows if r.get("status") == "ok"}
+    for (method, k, run), r in sorted(ok.items(), key=lambda x: (str(x[0][2]), x[0][1] or 0)):
+        if method != "eagle3" or ("ngram", k, run) not in ok:
+            continue
+        g = ok[("ngram", k, run)]
+        compare.append({
+            "k": k, "run": run,
+            "eagle3_acceptance_length": r["acceptance_length"], "ngram_acceptance_length": g["acceptance_length"],
+            "eagle3_effective": r["effective_acceptance_length"], "ngram_effective": g["effective_acceptance_length"],
+            "eagle3_beats_ngram": _gt(r["acceptance_length"], g["acceptance_length"]),
+            "eagle3_beats_ngram_effective": _gt(r["effective_acceptance_length"], g["effective_acceptance_length"]),
+        })
+    return {"rows": rows, "eagle3_vs_ngram": compare}
+
+
+def _gt(a: float | None, b: float | None) -> bool | None:
+    if a is None:
+        return None
+    return a > (b if b is not None else 1.0)  # no n-gram draft at all: its acceptance length is 1
+
+
+def _fmt(x: Any, nd: int = 2) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    if isinstance(x, list):
+        return " / ".join(f"{v:.2f}" for v in x)
+    return str(x)
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    s = result.get("summary") or summarize(result)
+    head = (f"vLLM {result.get('vllm_version')}; target `{result.get('target')}`; draft `{result.get('draft')}`; "
+            f"{result['prompts']['count']} held-out prompts of {result['prompts']['prompt_len']} tokens, "
+            f"{result['prompts']['max_tokens']} new tokens each (greedy, ignore_eos)")
+    columns = ("| config | run | tok/s | speedup | acceptance length | effective AL | per-position acceptance | "
+               "draft coverage | = baseline |")
+    lines = [head, "", columns, "|---|---|---|---|---|---|---|---|---|"]
+    for r in s["rows"]:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['config']} | – | {r['status']}: {_fmt(r.get('error'))[:120]} | | | | | | |")
+            continue
+        lines.append(f"| {r['config']} | {r['run']} | {_fmt(r['output_tok_s'], 0)} | {_fmt(r['speedup'])} | "
+                     f"{_fmt(r['acceptance_length'])} | {_fmt(r['effective_acceptance_length'])} | "
+                     f"{_fmt(r['per_position'])} | {_fmt(r['draft_coverage'])} | {_fmt(r['match_exact_fraction'])} |")
+    if s["eagle3_vs_ngram"]:
+        lines += ["", "| K | run | EAGLE-3 AL | n-gram AL | EAGLE-3 effective | n-gram effective | EAGLE-3 better (AL / effective) |",
+                  "|---|---|---|---|---|---|---|"]
+        for c in s["eagle3_vs_ngram"]:
+            lines.append(f"| {c['k']} | {c['run']} | {_fmt(c['eagle3_acceptance_length'])} | "
+                         f"{_fmt(c['ngram_acceptance_length'])} | {_fmt(c['eagle3_effective'])} | "
+                         f"{_fmt(c['ngram_effective'])} | {c['eagle3_beats_ngram']} / {c['eagle3_beats_ngram_effective']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], png_path: str | os.PathLike[str]) -> Path | None:
+    """Acceptance length vs K (EAGLE-3 and n-gram, vLLM's and effective), per-position acceptance,
+    and the tok/s speedup per configuration at each batch size. None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [r for r in (result.get("summary") or summarize(result))["rows"] if r.get("status") == "ok"]
+    if not rows:
+        return None
+    run_names = sorted({r["run"] for r in rows}, key=lambda x: int(x.removeprefix("batch")))
+    big = run_names[-1]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.5))
+    for method, color in (("eagle3", "tab:blue"), ("ngram", "tab:orange")):
+        for run, style in ((big, "-"), ("batch1", ":")):
+            pts = sorted((r["k"], r["acceptance_length"], r["effective_acceptance_length"])
+                         for r in rows if r["method"] == method and r["run"] == run and r["acceptance_length"])
+            if pts:
+                a.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=color,
+                       label=f"{method} {run}")
+                if run == big:
+                    a.plot([p[0] for p in pts], [p[2] for p in pts], "--", marker="x", color=color,
+                           label=f"{method} {run} (effective)")
+    a.set(title="acceptance length vs K", xlabel="K (num_speculative_tokens)", ylabel="tokens per step")
+    a.xaxis.get_major_locator().set_params(integer=True)
+    a.legend(fontsize=7)
+    for r in rows:
+        if r["run"] == big and r.get("per_position"):
+            b.plot(range(1, len(r["per_position"]) + 1), r["per_position"], marker="o",
+                   linestyle="-" if r["method"] == "eagle3" else "--", label=r["config"])
+    b.set(title=f"per-position acceptance ({big})", xlabel="draft position", ylabel="accepted / drafts", ylim=(0, 1))
+    b.legend(fontsize=7)
+    spec_rows = [r for r in rows if r["method"] is not None and r.get("speedup")]
+    names = sorted({r["config"] for r in spec_rows}, key=lambda x: (x.split("-")[0], int(x.split("k")[-1])))
+    width = 0.8 / max(len(run_names), 1)
+    for i, run in enumerate(run_names):
+        vals = [next((r["speedup"] for r in spec_rows if r["config"] == n and r["run"] == run), 0.0) for n in names]
+        c.bar([j + i * width for j in range(len(names))], vals, width=width, label=run)
+    c.axhline(1.0, color="gray", linewidth=0.8)
+    c.set_xticks([j + width * (len(run_names) - 1) / 2 for j in range(len(names))], names, rotation=30, fontsize=8)
+    c.set(title="output tok/s speedup over no speculation", ylabel="speedup")
+    c.legend(fontsize=7)
+    fig.suptitle(result.get("label") or "EAGLE-3 evaluation")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=90)
+    plt.close(fig)
+    return Path(png_path)
