@@ -460,10 +460,17 @@ class Session:
             }
         args.update(kw)
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        keep = {"VLLM_ENABLE_V1_MULTIPROCESSING"}
         if not args["enforce_eager"]:
             # The aux layers live on the model object, not in the config hash: a compile
             # cache from a run with other layers would be reused silently. Recompile.
             env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+            # 0.26 (torch >= 2.10): VLLM_USE_AOT_COMPILE defaults to on unless the compile
+            # cache is disabled, and the compiled forward asserts it is off at *run* time
+            # (seen on the H200: AssertionError in compilation/decorators.py). Both must
+            # stay set while this engine runs, not only while it is built.
+            env["VLLM_USE_AOT_COMPILE"] = "0"
+            keep |= {"VLLM_DISABLE_COMPILE_CACHE", "VLLM_USE_AOT_COMPILE"}
         if tensor_parallel_size > 1 and self.plan.mode == "aux" and self.plan.native_ids:
             # Worker processes: vLLM forces spawn once CUDA is initialised here, and a
             # spawned worker does not inherit our class patch (seen on 0.26.0, 2x H200:
@@ -479,7 +486,7 @@ class Session:
             with _aux_configured(self.plan.native_ids if self.plan.mode == "aux" else None):
                 self.llm = LLM(**args)
         finally:
-            _restore_env({k: v for k, v in old.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"})
+            _restore_env({k: v for k, v in old.items() if k not in keep})
             _reset_envs_cache()
         engine = self.llm.llm_engine
         client = engine.engine_core
