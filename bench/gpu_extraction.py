@@ -861,7 +861,8 @@ class Bench:
                 self.refs["b"] = keep[0].clone()
             if [h.shape[0] for h in keep] != [len(p) for p in prompts]:
                 raise RuntimeError("extracted token counts differ from the prompts")
-            return {"times": {"b": dt}, "bytes": nbytes, "steps": ex.info.get("steps")}
+            return {"times": {"b": dt}, "bytes": nbytes, "steps": ex.info.get("steps"),
+                    "phase_s": ex.info.get("phase_s")}  # cumulative, per step() phase
         self.measure("b", {"b": run})
 
     def mode_c(self) -> None:

@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import warnings
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -508,6 +509,8 @@ class Session:
         self._sp = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         self.num_steps = 0
         self.max_step_tokens = 0
+        # wall seconds per phase of step(), summed: where a slow extraction spends its time
+        self.phase_s = dict.fromkeys(("schedule", "execute", "collect", "sample", "update"), 0.0)
         self._emb0 = self.plan.mode == "aux" and 0 in self.layer_ids
         self._pending: dict[str, tuple[list[int], int]] = {}  # req -> (prompt, offset)
 
@@ -535,6 +538,7 @@ class Session:
 
     def step(self) -> dict[str, torch.Tensor]:
         sched = self.core.scheduler
+        ph, t0 = self.phase_s, time.perf_counter()
         so = schedule(sched)
         if so.total_num_scheduled_tokens == 0:
             raise RuntimeError("the scheduler scheduled nothing while requests are pending "
@@ -542,7 +546,11 @@ class Session:
         ex = self.executor
         self.num_steps += 1
         self.max_step_tokens = max(self.max_step_tokens, so.total_num_scheduled_tokens)
+        t1 = time.perf_counter()
+        ph["schedule"] += t1 - t0
         out = resolve_output(ex.execute_model(so))
+        t0 = time.perf_counter()
+        ph["execute"] += t0 - t1
         chunk_ids = None
         if self._emb0:
             chunk_ids = {}
@@ -555,12 +563,17 @@ class Session:
                     self._pending[rid] = (ids, off + n)
         chunks = collective_rpc(ex, _worker_collect, args=(
             dict(so.num_scheduled_tokens), self.plan.mode, self.layer_ids, chunk_ids), rank=0)
+        t1 = time.perf_counter()
+        ph["collect"] += t1 - t0  # includes waiting for the forward (the copy to CPU syncs)
         # 0.11.2+: two-phase step (execute_model -> None, then sample_tokens); 0.10.2: one.
         if out is None and hasattr(ex, "sample_tokens"):
             out = resolve_output(ex.sample_tokens(grammar_output(sched, so)))
         if out is None:
             raise RuntimeError("execute_model failed (sample_tokens returned None)")
+        t0 = time.perf_counter()
+        ph["sample"] += t0 - t1
         sched.update_from_output(so, out)
+        ph["update"] += time.perf_counter() - t0
         return chunks or {}
 
     # ---- native: vLLM's own extract_hidden_states + connector

@@ -96,7 +96,9 @@ class HiddenStatesExtractor:
     def info(self) -> dict[str, Any]:
         """What ran: vLLM version, runner (v1/v2), capture mode, model class, eager, steps."""
         return dict(self._session.info, steps=self._session.num_steps,
-                    max_step_tokens=self._session.max_step_tokens)
+                    max_step_tokens=self._session.max_step_tokens,
+                    phase_s={k: round(v, 4) for k, v in
+                             getattr(self._session, "phase_s", {}).items()})
 
     def kv_blocks(self) -> tuple[int, int]:
         """``(free, total)`` KV-cache blocks; between ``extract`` calls every block but the
