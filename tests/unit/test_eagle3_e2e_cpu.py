@@ -197,6 +197,9 @@ def test_pipeline_phase_on_cpu_through_export_and_validate(fake_stdlib, tmp_path
     cfg = json.loads((work / "llama" / "draft" / "config.json").read_text())
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # 4 layers: the last three of 1..L-1
     assert (out / "work" / "llama" / "target" / "train_report.json").exists()
+    import tarfile
+    with tarfile.open(out / "work-artifacts.tar.gz") as tar:  # what the device tool brings back
+        assert "work/llama/target/train_report.json" in tar.getnames()
     assert not list(out.rglob("*.safetensors"))  # reports only, no weights
 
 

@@ -175,6 +175,16 @@ def copy_artifacts(work: Path, out: Path | None, max_file: int = 4 << 20, max_to
         with contextlib.suppress(OSError):
             shutil.copy2(p, dst)
             total += size
+    # The device tool brings back at most 8 files, 2 folders deep: the same files as one archive
+    # (seen on the H200: work/llama/run/metrics.csv and most reports were left behind).
+    import tarfile
+
+    tree = out / "work"
+    if tree.is_dir():
+        tmp = out / "work-artifacts.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(tree, arcname="work")
+        os.replace(tmp, out / "work-artifacts.tar.gz")
 
 
 # --------------------------------------------------------------------------- phase: target
