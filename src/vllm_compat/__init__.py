@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from .detect import VllmInfo, adapter, detect, installed_vllm_version
 from .errors import (
-    InvalidVllmVersionError, StaleBlockHasherError, UnknownAdapterError, UnsupportedFeatureError,
+    InvalidLayerIdError, InvalidVllmVersionError, StaleBlockHasherError, TargetMismatchError,
+    TrainingCheckpointError, UnknownAdapterError, UnsupportedFeatureError,
     UnsupportedVllmVersionError, VllmCompatError, VllmNotInstalledError,
 )
 from .hashing import BlockHasher, attach_block_hasher, block_hasher_for, make_block_hasher
-from .requests import AUTO, make_request
+from .requests import AUTO, InvalidPromptError, make_request
 from .rpc import collective_rpc, runner_flavour
 from .scheduling import (
     grammar_output, make_kv_cache_config, make_model_runner_output, make_scheduler,
@@ -24,7 +25,8 @@ from .versions import parse_vllm_version, route
 __version__ = "0.1.0"
 
 __all__ = [
-    "AUTO", "BlockHasher", "InvalidVllmVersionError", "StaleBlockHasherError",
+    "AUTO", "BlockHasher", "InvalidLayerIdError", "InvalidPromptError", "InvalidVllmVersionError",
+    "StaleBlockHasherError", "TargetMismatchError", "TrainingCheckpointError",
     "UnknownAdapterError", "UnsupportedFeatureError", "UnsupportedVllmVersionError",
     "VllmCompatError", "VllmInfo", "VllmNotInstalledError", "adapter", "attach_block_hasher",
     "block_hasher_for", "collective_rpc", "detect", "grammar_output", "installed_vllm_version",

@@ -82,6 +82,33 @@ def _check_block_size(block_size: Any) -> int:
     return block_size
 
 
+# Per process, built once: the validated hash function per algorithm, and the last
+# hasher per (block_size, algorithm, lookahead). vLLM's per-request hasher is a pure
+# closure (it reads NONE_HASH at call time), so one is reused as long as the root that
+# _none_hash_for settles on is the one it was pinned to.
+_hash_fns: dict[str, Callable[[Any], bytes]] = {}
+_hashers: dict[tuple[int, str, int], BlockHasher] = {}
+
+
+def _hash_fn(ad: Any, hash_algo: str) -> Callable[[Any], bytes]:
+    fn = _hash_fns.get(hash_algo) if isinstance(hash_algo, str) else None
+    if fn is not None:
+        return fn
+    names = ad.hash_function_names()
+    no_xxhash = importlib.util.find_spec("xxhash") is None
+    if hash_algo not in names:
+        note = ""
+        if no_xxhash and any(n.startswith("xxhash") for n in names):
+            note = " (the xxhash ones need the 'xxhash' package, which is not installed)"
+        raise VllmCompatError(
+            f"unknown hash algorithm {hash_algo!r}; vLLM {ad.version()} supports {list(names)}{note}"
+        )
+    if hash_algo.startswith("xxhash") and no_xxhash:
+        raise VllmCompatError(f"hash algorithm {hash_algo!r} needs the 'xxhash' package: pip install xxhash")
+    fn = _hash_fns[hash_algo] = ad.hash_function(hash_algo)
+    return fn
+
+
 def make_block_hasher(block_size: int, hash_algo: str = "sha256", *,
                       lookahead_tokens: int = 0) -> BlockHasher:
     """Return the block hasher vLLM's engine core builds for ``block_size`` / ``hash_algo``.
@@ -90,23 +117,31 @@ def make_block_hasher(block_size: int, hash_algo: str = "sha256", *,
     never over a ``NONE_HASH`` an in-process engine already set (see ``_none_hash_for``).
     ``block_size`` is the engine's *hash* block size (equal to the KV block size for one
     attention group). ``lookahead_tokens`` mirrors ``num_hash_lookahead_tokens`` (0.33+).
+    Cheap to call per request: the same hasher comes back while its root is current.
     """
     _check_block_size(block_size)
-    if not isinstance(lookahead_tokens, int) or lookahead_tokens < 0:
+    if isinstance(lookahead_tokens, bool) or not isinstance(lookahead_tokens, int) or lookahead_tokens < 0:
         raise VllmCompatError(f"lookahead_tokens must be an integer >= 0, got {lookahead_tokens!r}")
+    key = (block_size, hash_algo, lookahead_tokens)
+    cached = _hashers.get(key) if type(hash_algo) is str else None
+    if cached is not None:
+        # Lock-free hit: _none_hash_for's first case (root set by us for this algorithm
+        # and unchanged) returns it without touching any state.
+        current = cached._current()
+        if current == cached.none_hash and _none_hash_by_algo.get(hash_algo) == current:
+            return cached
     ad = adapter()
-    names = ad.hash_function_names()
-    if hash_algo not in names:
-        raise VllmCompatError(
-            f"unknown hash algorithm {hash_algo!r}; vLLM {ad.version()} supports {list(names)}"
-        )
-    if hash_algo.startswith("xxhash") and importlib.util.find_spec("xxhash") is None:
-        raise VllmCompatError(f"hash algorithm {hash_algo!r} needs the 'xxhash' package: pip install xxhash")
-    fn = ad.hash_function(hash_algo)
+    fn = _hash_fn(ad, hash_algo)
     with _lock:
         none_hash = _none_hash_for(ad, hash_algo, fn)
-        inner = ad.request_block_hasher(block_size, fn, lookahead_tokens)
-    return BlockHasher(inner, none_hash, block_size, hash_algo, lookahead_tokens, ad.current_none_hash)
+        cached = _hashers.get(key)
+        if cached is not None and cached.none_hash == none_hash:
+            return cached
+        inner = cached._fn if cached is not None else ad.request_block_hasher(
+            block_size, fn, lookahead_tokens)
+        hasher = _hashers[key] = BlockHasher(inner, none_hash, block_size, hash_algo,
+                                             lookahead_tokens, ad.current_none_hash)
+    return hasher
 
 
 def block_hasher_for(scheduler: Any) -> BlockHasher:

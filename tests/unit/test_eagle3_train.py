@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 
 import pytest
 import torch
@@ -62,7 +63,10 @@ def test_loss_falls_and_metrics_are_logged_per_position(inputs, tmp_path):
     last = sum(float(r["loss_0"]) for r in rows[-4:])
     assert last < 0.8 * first, (first, last)
     assert float(rows[-1]["acc_0"]) > float(rows[0]["acc_0"])
-    assert (tmp_path / METRICS_PNG).stat().st_size > 1000
+    if importlib.util.find_spec("matplotlib") is not None:  # the plot is optional (eagle3 extra)
+        assert (tmp_path / METRICS_PNG).stat().st_size > 1000
+    else:
+        assert not (tmp_path / METRICS_PNG).exists()
     cfg, weights = load_final(tmp_path)
     assert cfg.aux_layer_ids == [2, 4, 5] and cfg.final_layer_id == 8
     assert "embed_tokens.weight" not in weights and weights["lm_head.weight"].shape == (32, 16)

@@ -174,6 +174,15 @@ def _request_params() -> frozenset[str]:
     return frozenset(_params(Request.__init__))
 
 
+def _check_extra(extra: dict[str, Any]) -> None:
+    accepted = _request_params()
+    unknown = sorted(k for k in extra if k not in accepted or k in _OWN_REQUEST_PARAMS)
+    if unknown:
+        raise VllmCompatError(
+            f"Request of vLLM {vllm.__version__} takes no parameter(s) {unknown}"
+        )
+
+
 def request_kwargs(
     request_id: str,
     prompt_token_ids: Sequence[int],
@@ -183,23 +192,21 @@ def request_kwargs(
     block_hasher: Callable[[Request], list[bytes]] | None,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
-    accepted = _request_params()
-    unknown = sorted(k for k in extra if k not in accepted or k in _OWN_REQUEST_PARAMS)
-    if unknown:
-        raise VllmCompatError(
-            f"Request of vLLM {vllm.__version__} takes no parameter(s) {unknown}"
-        )
+    """Keywords every release's Request takes (per request: keep it lean, see bench/)."""
+    if extra:
+        _check_extra(extra)
     if pooling_params is None:
         sampling_params = prepare_sampling_params(sampling_params, eos_token_id)
-    kw: dict[str, Any] = dict(
-        request_id=str(request_id),
-        prompt_token_ids=list(prompt_token_ids),
-        sampling_params=sampling_params,
-        pooling_params=pooling_params,
-        block_hasher=block_hasher,
+    return {
+        "request_id": request_id if type(request_id) is str else str(request_id),
+        # A list is used as given: make_request passes its own validated copy.
+        "prompt_token_ids": (prompt_token_ids if type(prompt_token_ids) is list
+                             else list(prompt_token_ids)),
+        "sampling_params": sampling_params,
+        "pooling_params": pooling_params,
+        "block_hasher": block_hasher,
         **extra,
-    )
-    return kw
+    }
 
 
 RequestKwargsHook = Callable[[dict[str, Any], "int | None"], None]
