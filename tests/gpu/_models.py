@@ -21,50 +21,28 @@ def prompts(seed: int = 0) -> list[list[int]]:
 
 
 def build(kind: str, path: str) -> str:
-    """Save a tiny random ``kind`` (llama | qwen3 | deepseek_v3) checkpoint in bf16."""
+    """Save a tiny random ``kind`` (llama | qwen3 | deepseek_v3) checkpoint in bf16.
+
+    Llama and DeepSeek-V3 (Kimi-K2.5's backbone shape, MLA + MoE, scaled down) come from
+    :func:`vllm_compat.eagle3.tiny_models.build_tiny`, the builder the end-to-end run uses."""
     import transformers as tf
-    torch.manual_seed({"llama": 1, "qwen3": 2, "deepseek_v3": 3}[kind])
-    common = dict(vocab_size=VOCAB, max_position_embeddings=MAX_LEN, rms_norm_eps=1e-6,
-                  tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    if kind == "llama":
-        cfg = tf.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                             num_attention_heads=4, num_key_value_heads=2, **common)
-        model = tf.LlamaForCausalLM(cfg)
-    elif kind == "qwen3":
-        cfg = tf.Qwen3Config(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                             **common)
-        model = tf.Qwen3ForCausalLM(cfg)
-    elif kind == "deepseek_v3":
-        # Kimi-K2.5's backbone shape (DeepSeek-V3 MLA + MoE), scaled down.
-        cfg = tf.DeepseekV3Config(
-            hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
-            num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16,
-            n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=1,
-            topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
-            norm_topk_prob=True, kv_lora_rank=512, q_lora_rank=192, qk_rope_head_dim=64,
-            qk_nope_head_dim=128, v_head_dim=128, topk_method="noaux_tc",
-            scoring_func="sigmoid", rope_scaling=None, **common)
-        model = tf.DeepseekV3ForCausalLM(cfg)
-        with torch.no_grad():  # a non-trivial routing bias, as in real checkpoints
-            for name, buf in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    buf.uniform_(-0.05, 0.05)
-            for name, p in model.named_parameters():
-                if name.endswith("e_score_correction_bias"):
-                    p.uniform_(-0.05, 0.05)
-    else:
-        raise ValueError(kind)
+    if kind != "qwen3":
+        from vllm_compat.eagle3.tiny_models import build_tiny
+        return build_tiny(kind, path, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2,
+                          max_position_embeddings=MAX_LEN)
+    torch.manual_seed(2)
+    cfg = tf.Qwen3Config(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                         vocab_size=VOCAB, max_position_embeddings=MAX_LEN, rms_norm_eps=1e-6,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    model = tf.Qwen3ForCausalLM(cfg)
     with torch.no_grad():
         # Spread the logits so prompt logprobs are sensitive to the final state.
         model.lm_head.weight.mul_(10.0)
-    model = model.to(torch.bfloat16)
-    model.save_pretrained(path, safe_serialization=True)
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
     with open(os.path.join(path, "config.json")) as f:
         saved = json.load(f)
     saved.setdefault("torch_dtype", "bfloat16")
-    if kind == "deepseek_v3":  # vLLM's loader needs these explicit (see shared/gpu/README)
-        saved.update(topk_method="noaux_tc", scoring_func="sigmoid")
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(saved, f, indent=1)
     return path
