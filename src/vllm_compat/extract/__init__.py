@@ -47,7 +47,11 @@ _serial = itertools.count()
 
 @dataclass
 class ExtractedSample:
-    """One prompt's result. ``hidden_states``: ``[seq_len, len(layer_ids), hidden]``, CPU."""
+    """One prompt's result. ``hidden_states``: ``[seq_len, len(layer_ids), hidden]``, CPU.
+
+    With ``tensor_parallel_size=1`` a prompt finished in one engine step gets a view of that
+    step's host buffer (no copy). Keeping a few samples for long keeps their steps' buffers
+    alive; ``.clone()`` them if that matters."""
     index: int
     token_ids: Any          # 1-D int64 torch tensor
     hidden_states: Any      # torch tensor, model dtype
