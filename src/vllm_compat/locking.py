@@ -202,17 +202,40 @@ def _fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Make ``path`` hold ``data``: written to ``<path>.tmp``, fsynced, renamed over ``path``,
-    then the directory fsynced. A crash leaves either the old file (or none) or the new one,
-    never a partial file under ``path`` (a partial ``<path>.tmp`` may remain)."""
+def _coalesced(chunks: Any) -> Any:
+    """The buffers as byte views, small neighbours joined up to ``WRITE_CHUNK`` (a shard holds
+    three small tensors per sample: one system call each would be wasted)."""
+    small = bytearray()
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        if len(view) >= WRITE_CHUNK:
+            if small:
+                yield memoryview(bytes(small))
+                small.clear()
+            yield view
+            continue
+        small += view
+        if len(small) >= WRITE_CHUNK:
+            yield memoryview(bytes(small))
+            small.clear()
+    if small:
+        yield memoryview(bytes(small))
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: Any) -> None:
+    """Make ``path`` hold ``data`` (bytes, or a sequence of byte buffers written one after the
+    other, so large tensors need not be joined into one copy first): written to
+    ``<path>.tmp``, fsynced, renamed over ``path``, then the directory fsynced. A crash leaves
+    either the old file (or none) or the new one, never a partial file under ``path`` (a
+    partial ``<path>.tmp`` may remain)."""
     path = Path(path)
     tmp = path.with_name(path.name + TMP_SUFFIX)
+    chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view[:WRITE_CHUNK]):]
+        for view in _coalesced(chunks):
+            while view:
+                view = view[os.write(fd, view[:WRITE_CHUNK]):]
         os.fsync(fd)
     except BaseException:
         os.close(fd)

@@ -51,13 +51,16 @@ def write_dataset(directory: str) -> None:
             w.add(sample(i))
 
 
-def write_in_place(path: str | os.PathLike[str], payload: bytes) -> None:
-    """The naive writer: straight into the final name."""
+def write_in_place(path: str | os.PathLike[str], payload) -> None:
+    """The naive writer: straight into the final name (bytes or a list of buffers, like
+    ``atomic_write_bytes``)."""
+    chunks = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view[:CHUNK]):]
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            while view:
+                view = view[os.write(fd, view[:CHUNK]):]
     finally:
         os.close(fd)
 
@@ -67,7 +70,7 @@ def flush_without_intent(self: ShardWriter) -> None:
         return
     name = f"shard-{len(self.manifest.shards):05d}.safetensors"
     tensors = {f"{i}.{k}": v for i, smp in enumerate(self._pending) for k, v in smp.items()}
-    payload = data._safetensors_bytes(tensors)
+    payload = b"".join(data._safetensors_chunks(tensors))  # the production bytes, minus the intent
     data.atomic_write_bytes(self.dir / name, payload)
     self.manifest.shards.append({
         "file": name, "num_samples": len(self._pending),

@@ -29,8 +29,10 @@ import torch
 from vllm_compat.eagle3.data import MANIFEST, DatasetFormatError, HiddenStatesDataset, read_manifest
 
 KILLS = 30
-SEED = 1
-MAX_KILL_AT = 40  # calls into a life; committing a shard takes ~35 calls (a full run: ~370)
+# A seeded schedule whose kills land in all five dangerous windows (the test asserts it; when
+# the writer's call sequence changes, a seed may stop covering one: pick another).
+SEED = int(os.environ.get("VC_CRASH_SEED", "3"))
+MAX_KILL_AT = 40  # calls into a life; committing a shard takes ~27 calls (a full run: ~400)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +104,8 @@ def reference(ctx, tmp_path_factory):
 def visible_problems(d: Path, ref_files: dict[str, str], ref_manifest) -> list[str]:
     """What is wrong with the directory as a reader (or a resumed writer) sees it now, as
     ``"<file>: <problem>"``; [] when all is well."""
+    if not (d / MANIFEST).exists() and not any(p.suffix == ".safetensors" for p in d.iterdir()):
+        return []  # killed before the first manifest commit: nothing was ever visible
     try:
         m = read_manifest(d)
     except DatasetFormatError as e:

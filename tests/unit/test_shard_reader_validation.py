@@ -243,3 +243,56 @@ def test_bad_options(ds_dir):
         HiddenStatesDataset(ds_dir, on_invalid="ignore")
     with pytest.raises(ValueError, match="verify must be one of"):
         HiddenStatesDataset(ds_dir, verify="none")
+
+
+def test_writer_accepts_views_of_one_buffer_and_a_reused_tensor(tmp_path):
+    """The extractor hands out per-request views of one host buffer per engine step, and
+    callers reuse tensors (the same ids for every sample): safetensors refuses tensors that
+    share memory, so the writer must copy exactly those. Read back equal to the inputs."""
+    from vllm_compat.eagle3.data import HiddenStatesDataset, ShardWriter
+
+    step = torch.randn(7, 2, 4)  # one "step buffer" holding three samples' states
+    ids = torch.arange(3)
+    views = [step[0:3], step[3:5], step[5:7]]
+    with ShardWriter(tmp_path / "ds", hidden_size=4, aux_layer_ids=[1], final_layer_id=2,
+                     dtype=torch.float32, samples_per_shard=3) as w:
+        for v in views:
+            n = v.shape[0]
+            w.add({"input_ids": ids[:n], "loss_mask": torch.ones(n, dtype=torch.bool), "hidden_states": v})
+        w.add({"input_ids": ids, "loss_mask": torch.ones(3, dtype=torch.bool), "hidden_states": views[0]})
+    ds = HiddenStatesDataset(tmp_path / "ds")
+    for i, v in enumerate(views + [views[0]]):
+        assert torch.equal(ds[i]["hidden_states"], v)
+    # the same samples without the copy are exactly what safetensors refuses
+    from safetensors.torch import save
+    with pytest.raises(RuntimeError, match="share memory"):
+        save({"0.hidden_states": views[0], "1.hidden_states": step[0:3]})
+
+
+def test_streamed_shard_bytes_are_a_valid_safetensors_file(tmp_path):
+    """The writer streams header + tensor buffers instead of ``safetensors.torch.save`` (one
+    copy less); safetensors itself must read every dtype back bit-exact, empty tensors too."""
+    from safetensors import safe_open
+    from safetensors.torch import load
+
+    from vllm_compat.eagle3.data import _safetensors_chunks
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "0.input_ids": torch.randint(0, 1 << 40, (5,), generator=g),
+        "0.loss_mask": torch.rand(5, generator=g) > 0.5,
+        "0.hidden_states": torch.randn(5, 2, 3, generator=g).to(torch.bfloat16),
+        "1.hidden_states": torch.randn(4, 3, generator=g).to(torch.float8_e4m3fn),
+        "1.scale": torch.rand(2, generator=g, dtype=torch.float64),
+        "2.empty": torch.zeros(0, 3, dtype=torch.float16),
+        "3.int32": torch.arange(7, dtype=torch.int32),
+    }
+    data = b"".join(_safetensors_chunks(tensors))
+    back = load(data)
+    assert back.keys() == tensors.keys()
+    for k, t in tensors.items():
+        assert back[k].dtype == t.dtype and back[k].shape == t.shape
+        assert torch.equal(back[k].view(torch.uint8), t.view(torch.uint8)), k
+    (tmp_path / "x.safetensors").write_bytes(data)
+    with safe_open(str(tmp_path / "x.safetensors"), framework="pt") as f:  # the reader's path
+        assert set(f.keys()) == set(tensors)

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import re
+import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -327,6 +328,40 @@ def _stray_shard_files(directory: Path, manifest: Manifest) -> list[Path]:
 # --------------------------------------------------------------------------- writer
 
 
+_CODES = {getattr(torch, name): code for code, name in _DTYPES.items() if hasattr(torch, name)}
+
+
+def _safetensors_chunks(tensors: dict[str, torch.Tensor]) -> list[Any]:
+    """A safetensors file as ``[prefix, tensor bytes, ...]`` (contiguous CPU tensors), without
+    joining the tensors into one buffer: ``safetensors.torch.save`` copies every byte once more
+    (2026-11-29: 0.66 s of a 1.3 s flush of 512 MiB on tmpfs). Same format: an 8-byte
+    little-endian header length, the JSON header padded with spaces to 8 bytes, the data."""
+    header: dict[str, Any] = {}
+    bufs: list[Any] = []
+    off = 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _CODES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
+        if n:
+            bufs.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        off += n
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-(8 + len(head)) % 8)
+    return [struct.pack("<Q", len(head)) + head, *bufs]
+
+
+def _owning(t: torch.Tensor, seen: set[int]) -> torch.Tensor:
+    """``t``, copied if it shares memory with another tensor of the shard or is a slice of a
+    larger buffer: safetensors refuses shared tensors, and the extractor hands out views of
+    one host buffer per engine step."""
+    if t.numel():
+        st = t.untyped_storage()
+        if t.storage_offset() or st.nbytes() != t.numel() * t.element_size() or st.data_ptr() in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+    return t
+
+
 class ShardWriter:
     """Append samples to a dataset directory; reopening an existing one continues it.
 
@@ -421,6 +456,7 @@ class ShardWriter:
         index = len(self.manifest.shards)
         name = f"shard-{index:05d}.safetensors"
         tensors: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
         for i, s in enumerate(self._pending):
             for k, v in s.items():
                 if k == "input_ids":
@@ -429,12 +465,15 @@ class ShardWriter:
                     v = v.to(torch.bool)
                 elif k == "hidden_states":
                     v = v.to(self.dtype)
-                tensors[f"{i}.{k}"] = v.detach().cpu().contiguous()
-        data = _safetensors_bytes(tensors)
+                tensors[f"{i}.{k}"] = _owning(v.detach().cpu().contiguous(), seen)
+        data = _safetensors_chunks(tensors)
+        digest = hashlib.sha256()
+        for chunk in data:
+            digest.update(chunk)
         entry = {
             "file": name, "num_samples": len(self._pending),
             "num_tokens": int(sum(s["input_ids"].shape[0] for s in self._pending)),
-            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": sum(len(c) for c in data), "sha256": digest.hexdigest(),
         }
         self.manifest.pending = entry  # 1. intent
         self._write_manifest()
