@@ -41,7 +41,6 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save as _safetensors_bytes
 
 from ..errors import VllmCompatError
 from ..locking import TMP_SUFFIX, OutputDirLock, atomic_write_bytes, lock_output_dir
