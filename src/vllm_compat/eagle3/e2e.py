@@ -445,7 +445,9 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
     rows = read_prepared(mdir / "prep" / PREPARED)
     sd_rows: list[dict[str, Any]] = []
     n_sd = a.self_distill if a.self_distill is not None else (
-        1024 if a.model == "llama" and a.extract_backend == "vllm" else 0)
+        # 4096: the 2026-11-29 run's 1024 left the draft behind n-gram on the target's
+        # looping continuations (docs/eagle3-results.md)
+        4096 if a.model == "llama" and a.extract_backend == "vllm" else 0)
     if n_sd:
         with rec.step("self_distill") as r:
             sd_rows, info = self_distill(target, rows, n_sd, a.sd_prompt_len, a.sd_max_tokens,
@@ -575,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-records", type=int, default=3000, help="training chunks used (seeded random subset)")
     g.add_argument("--self-distill", type=int, metavar="N",
                    help="also train on the target's greedy continuations of N training prompts (vLLM); "
-                        "default 1024 for llama with the vllm backend, else 0")
+                        "default 4096 for llama with the vllm backend, else 0")
     g.add_argument("--sd-prompt-len", type=int, default=64)
     g.add_argument("--sd-max-tokens", type=int, default=448)
     g.add_argument("--extract-backend", choices=("vllm", "transformers"), default="vllm")
@@ -586,7 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--aux-layer-ids", type=int, nargs="+",
                    help="default: (2, L//2, L-3) for L >= 8 layers, else the last three of 1..L-1")
     g.add_argument("--draft-vocab-size", type=int, help="default: the target's (full vocabulary, no d2t)")
-    g.add_argument("--draft-minutes", type=float, default=2.0)
+    g.add_argument("--draft-minutes", type=float, default=4.0,
+                   help="the 2026-11-29 run's 1.5 min (613 steps) under-trained the draft")
     g.add_argument("--draft-steps", type=int, help="a step count instead of --draft-minutes")
     g.add_argument("--draft-batch", type=int, default=16)
     g.add_argument("--draft-lr", type=float, default=5e-4)
@@ -606,7 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-len", type=int, default=128)
     g.add_argument("--max-tokens", type=int, default=256)
     g.add_argument("--batch-prompts", type=int, default=32)
-    g.add_argument("--batch1-prompts", type=int, default=8)
+    g.add_argument("--batch1-prompts", type=int, default=32,
+                   help="same prompts as the batched run by default, so both compare like for like")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile in evaluate")
     g.add_argument("--eval-max-model-len", type=int, default=1024)
     g.add_argument("--eval-budget-s", type=float, help="skip configurations that would not fit in this many seconds")
