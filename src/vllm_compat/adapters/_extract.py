@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import gc
 import os
 import shutil
 import sys
@@ -46,6 +45,8 @@ from vllm_compat.rpc import collective_rpc, runner_flavour
 from vllm_compat.requests import make_request
 from vllm_compat.scheduling import grammar_output, schedule
 from vllm_compat.step import resolve_output
+
+from ._serve import free_gpu_memory, shutdown_engine
 
 VLLM_VERSION = Version(Version(vllm.__version__).base_version)
 
@@ -663,16 +664,10 @@ class Session:
         llm = getattr(self, "llm", None)
         if llm is None:
             return
-        with contextlib.suppress(Exception):
-            llm.llm_engine.engine_core.shutdown()
+        shutdown_engine(llm)
         self.llm = None  # type: ignore[assignment]
         self.core = self.executor = None
-        del llm
-        gc.collect()
-        with contextlib.suppress(Exception):
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-            cleanup_dist_env_and_memory()
-        with contextlib.suppress(Exception):
-            torch.cuda.empty_cache()
+        del llm  # the in-process engine's model is freed only with the last reference
+        free_gpu_memory()
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)

@@ -96,13 +96,14 @@ def speculative_summary(llm: LLM) -> dict[str, Any] | None:
     return out
 
 
-def close_llm(llm: LLM | None) -> None:
-    """Shut the engine down and give its GPU memory back (as vLLM's own tests do between LLMs)."""
-    if llm is None:
-        return
+def shutdown_engine(llm: LLM) -> None:
+    """Stop the engine core (its process, or the in-process executor's workers)."""
     with contextlib.suppress(Exception):
         llm.llm_engine.engine_core.shutdown()
-    del llm
+
+
+def free_gpu_memory() -> None:
+    """Once the caller holds no reference to the ``LLM``: what vLLM's own tests run between LLMs."""
     gc.collect()
     with contextlib.suppress(Exception):
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
@@ -110,3 +111,12 @@ def close_llm(llm: LLM | None) -> None:
         cleanup_dist_env_and_memory()
     with contextlib.suppress(Exception):
         torch.cuda.empty_cache()
+
+
+def close_llm(llm: LLM | None) -> None:
+    """Shut the engine down and give its GPU memory back."""
+    if llm is None:
+        return
+    shutdown_engine(llm)
+    del llm
+    free_gpu_memory()
