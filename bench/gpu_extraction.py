@@ -19,6 +19,8 @@ One process per model; the modes run one after another, each with its own engine
      ``generate()`` returns, until every file is written (lock released) and until fsync'ed.
   a_sync (only when named) (a) with the extractor's engine settings (in-process engine core,
      ``async_scheduling=False``): tells engine settings apart from the extractor's overhead.
+  b_sync (only when named) (b) on b's engine with ``overlap_copy`` off (the blocking copy of
+     each step's states that (b) used before the overlap): the overlap's gain, side by side.
 
 Workloads (seeded): 128 prompts x 1024 random token ids, and 128 prompts of lengths uniform
 in 64..2048. Each is warmed up (first ``--warmup-prompts`` prompts, not timed) and timed
@@ -56,13 +58,14 @@ import gpu_models  # noqa: E402  (bench/ is not a package)
 
 SCHEMA = "vllm-compat-gpu-extraction/1"
 MODES = ("a", "b", "c", "d", "e")
-EXTRA_MODES = ("a_sync",)  # diagnostics, only when asked for
+EXTRA_MODES = ("a_sync", "b_sync")  # diagnostics, only when asked for
 # Engines in their own process first, in-process ones (CUDA in this process) last.
-RUN_ORDER = ("a", "e", "a_sync", "b", "c", "d")
+RUN_ORDER = ("a", "e", "a_sync", "b", "b_sync", "c", "d")
 DESCRIPTION = {
     "a": "vLLM generate(max_tokens=1), prefill ceiling",
     "a_sync": "(a) with the extractor's engine settings: in-process, async_scheduling=False",
     "b": "vllm_compat extraction into host memory",
+    "b_sync": "(b) on the same engine with overlap_copy off: a blocking device->host copy per step",
     "c": "vllm_compat extraction written to disk (ShardWriter, fsync)",
     "d": "HF transformers forward, output_hidden_states, sdpa",
     "e": "vLLM extract_hidden_states + ExampleHiddenStatesConnector",
@@ -185,7 +188,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     pairs = {"b/a": ("b", "a"), "c_bf16/a": ("c_bf16", "a"), "c_fp8/a": ("c_fp8", "a"),
              "b/d": ("b", "d"), "b/e": ("b", "e_drained"), "b/e_returned": ("b", "e_returned"),
              "e_returned/a": ("e_returned", "a"), "e_drained/a": ("e_drained", "a"),
-             "d/a": ("d", "a"), "b/a_sync": ("b", "a_sync"), "a_sync/a": ("a_sync", "a")}
+             "d/a": ("d", "a"), "b/a_sync": ("b", "a_sync"), "a_sync/a": ("a_sync", "a"),
+             "b_sync/a": ("b_sync", "a"), "b/b_sync": ("b", "b_sync")}
     ratios = {k: {wl: _ratio(t(x, wl), t(y, wl)) for wl in wls} for k, (x, y) in pairs.items()}
     targets = {f"{k} >= {v}": {wl: (None if ratios[k][wl] is None else ratios[k][wl] >= v)
                                for wl in wls} for k, v in TARGETS.items()}
@@ -598,7 +602,7 @@ class Bench:
         out: dict[str, Any] = {}
         base = self.refs.get("b")
         for name, other in (("d_vs_b", "d"), ("e_vs_b", "e"), ("c_fp8_vs_b", "c_fp8"),
-                            ("d_vs_e", "d")):
+                            ("d_vs_e", "d"), ("b_sync_vs_b", "b_sync")):
             x = self.refs.get(other)
             ref = self.refs.get("e") if name == "d_vs_e" else base
             if x is None or ref is None or x.shape != ref.shape:
@@ -844,26 +848,41 @@ class Bench:
         return key not in self.refs and len(prompts) == len(self.workloads["fixed"]) \
             and prompts[0] == self.workloads["fixed"][0]
 
-    def mode_b(self) -> None:
+    def mode_b(self, mode: str = "b", overlap_copy: bool = True) -> None:
         ex = self._extractor()
-        rec = self.res["modes"]["b"]
-        rec.update(startup_s=self.extractor_startup, extractor=self.extractor_info,
+        session = ex._session
+        rec = self.res["modes"][mode]
+        rec.update(startup_s=self.extractor_startup if mode == "b" else 0.0,
+                   extractor=self.extractor_info, overlap_copy=overlap_copy,
                    host_memory="pageable CPU tensors as the extractor yields them, all kept")
 
         def run(prompts: list[list[int]]) -> dict[str, Any]:
             keep: list[torch.Tensor] = []
+            before = dict(session.phase_s)
+            steps0 = session.num_steps
             t0 = time.perf_counter()
             for s in ex.extract(prompts):
                 keep.append(s.hidden_states)
             dt = time.perf_counter() - t0
             nbytes = sum(h.numel() * h.element_size() for h in keep)
-            if self._is_ref(prompts, "b"):
-                self.refs["b"] = keep[0].clone()
+            if self._is_ref(prompts, mode):
+                self.refs[mode] = keep[0].clone()
             if [h.shape[0] for h in keep] != [len(p) for p in prompts]:
                 raise RuntimeError("extracted token counts differ from the prompts")
-            return {"times": {"b": dt}, "bytes": nbytes, "steps": ex.info.get("steps"),
-                    "phase_s": ex.info.get("phase_s")}  # cumulative, per step() phase
-        self.measure("b", {"b": run})
+            phases = {k: round(v - before.get(k, 0.0), 4) for k, v in session.phase_s.items()}
+            return {"times": {mode: dt}, "bytes": nbytes, "steps": session.num_steps - steps0,
+                    "phase_s": phases,  # this run's wall seconds per step() phase
+                    "outside_step_s": round(dt - sum(phases.values()), 4)}
+
+        old = session.overlap_copy
+        session.overlap_copy = overlap_copy and session._in_process_worker
+        try:
+            self.measure(mode, {mode: run})
+        finally:
+            session.overlap_copy = old
+
+    def mode_b_sync(self) -> None:
+        self.mode_b("b_sync", overlap_copy=False)
 
     def mode_c(self) -> None:
         shared = self.extractor is not None

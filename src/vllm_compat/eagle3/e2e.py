@@ -570,7 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-tokens", type=int, default=262_144)
     g.add_argument("--compile", action="store_true", help="torch.compile the target for training")
     g.add_argument("--log-every", type=int, default=50)
-    g.add_argument("--select-every-s", type=float, default=20.0,
+    # 5 s: the 2026-11-29 run's 20 s checks kept step 378 of 3685, the first check (selection
+    # loss rose from there on), so the optimum lay somewhere in the first 40 s
+    g.add_argument("--select-every-s", type=float, default=5.0,
                    help="held-out selection loss every this many seconds; the best parameters are saved (0: off)")
     g = p.add_argument_group("pipeline phase")
     g.add_argument("--wait-timeout", type=float, default=900.0, help="seconds to wait for the target phase's marker")
