@@ -16,7 +16,7 @@
 #   bash gpu/h200-session.sh status      # progress
 #   bash gpu/h200-session.sh collect     # everything small into $OUT/h200-out.tar.gz
 set -u
-OUTDIR=/root/out
+OUTDIR=/root/sess  # not $OUT: the device tool empties $OUT at every call
 mkdir -p "$OUTDIR" /root/e2e
 cd /root/vc
 common() {
@@ -92,7 +92,7 @@ status)
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
   ;;
 collect)
-  cd /root && tar czf "$OUT/h200-out.tar.gz" --exclude='*.safetensors' --exclude='*.pt' out
+  cd /root && tar czf "$OUT/h200-out.tar.gz" --exclude="*.safetensors" --exclude="*.pt" sess
   ls -la "$OUT"
   ;;
 *) echo "unknown step ${1:-}" >&2; exit 2 ;;

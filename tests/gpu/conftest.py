@@ -12,6 +12,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
+# Triton MoE for the tiny DeepSeek-V3: vLLM 0.20.2 otherwise picks FlashInfer's CUTLASS MoE,
+# which FlashInfer 0.6.8 JIT-builds from source with ninja + nvcc on first use (the H200 run
+# of 2026-11-29 was still building after 5 minutes; the test timed out). Kernel choice is
+# not what these tests check.
+os.environ.setdefault("VLLM_USE_FLASHINFER_MOE_FP16", "0")
 
 
 def _skip_reason() -> str | None:

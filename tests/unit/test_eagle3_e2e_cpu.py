@@ -203,6 +203,30 @@ def test_pipeline_phase_on_cpu_through_export_and_validate(fake_stdlib, tmp_path
     assert not list(out.rglob("*.safetensors"))  # reports only, no weights
 
 
+def test_a_lost_report_folder_does_not_fail_a_finished_step(tmp_path, capsys):
+    """The device tool empties $OUT at every call; with --out there, the target phase of a
+    real H200 run trained and saved the target, then failed writing e2e.json.tmp. The
+    record lives in work/; the out/ copy is best effort (recreated, or skipped with a log)."""
+    import shutil
+
+    from vllm_compat.eagle3 import e2e
+
+    work, out = tmp_path / "w", tmp_path / "out"
+    rec = e2e.Recorder(work, out, "target")
+    with rec.step("emptied") as r:
+        shutil.rmtree(out)  # what the device tool does between calls
+        r["x"] = 1
+    with rec.step("blocked") as r:
+        shutil.rmtree(out)
+        out.write_text("not a folder")  # out cannot be written at all
+    rows = [json.loads(x) for x in (work / e2e.JSONL).read_text().splitlines()]
+    assert [(x["step"], x["status"]) for x in rows] == [("emptied", "ok"), ("blocked", "ok")]
+    assert "could not write the report copy" in capsys.readouterr().out
+    out.unlink()
+    rec.mirror()  # once out is usable again the copy has every step
+    assert [x["step"] for x in json.loads((out / e2e.SUMMARY).read_text())["steps"]] == ["emptied", "blocked"]
+
+
 def test_pipeline_reports_a_failed_target_phase(tmp_path):
     from vllm_compat.eagle3 import e2e
 

@@ -88,6 +88,9 @@ class Recorder:
         self.mirror()
 
     def mirror(self) -> None:
+        """Best effort: the copy in ``out`` is a report; ``work``'s JSONL is the record. A lost
+        ``out`` must not fail a finished step (seen on the H200: ``--out`` under the device
+        tool's $OUT, emptied at every call, turned a trained target into a failed phase)."""
         if self.out is None:
             return
         rows = []
@@ -96,9 +99,13 @@ class Recorder:
             for line in p.read_text().splitlines():
                 with contextlib.suppress(json.JSONDecodeError):
                     rows.append(json.loads(line))
-        tmp = self.out / (SUMMARY + ".tmp")
-        tmp.write_text(json.dumps({"work": str(self.work), "steps": rows}, indent=1, default=str))
-        os.replace(tmp, self.out / SUMMARY)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            tmp = self.out / (SUMMARY + ".tmp")
+            tmp.write_text(json.dumps({"work": str(self.work), "steps": rows}, indent=1, default=str))
+            os.replace(tmp, self.out / SUMMARY)
+        except OSError as exc:
+            log(f"could not write the report copy {self.out / SUMMARY}: {exc}")
 
 
 def _short(res: dict[str, Any]) -> dict[str, Any]:
@@ -652,7 +659,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             rc = 1
             break
         finally:
-            copy_artifacts(work, out)
+            try:
+                copy_artifacts(work, out)
+            except OSError as exc:  # a report copy, like Recorder.mirror: never fails the run
+                log(f"could not copy reports to {out}: {exc}")
     return rc
 
 
