@@ -125,3 +125,61 @@ def test_tensorboard_events_when_installed(inputs, tmp_path):
     acc.Reload()
     assert {"train/loss", "train/loss_0", "train/loss_1", "train/acc_0", "train/acc_1"} <= set(acc.Tags()["scalars"])
     assert [e.step for e in acc.Scalars("train/acc_1")] == [1, 2, 3, 4]
+
+
+def test_prefetching_thread_gives_the_same_run(inputs, tmp_path):
+    """Batches built ahead in a background thread (the CUDA default) are the same batches in
+    the same order: identical loss curve, data order and weights as building them in the loop."""
+    a = train(_cfg(inputs, tmp_path / "in-process", prefetch=0, max_steps=6))
+    b = train(_cfg(inputs, tmp_path / "workers", prefetch=3, max_steps=6))
+    assert a.step == b.step == 6
+    assert _rows(tmp_path / "in-process") == _rows(tmp_path / "workers")
+    order = [(tmp_path / d / "data_order.csv").read_text() for d in ("in-process", "workers")]
+    assert order[0] == order[1]
+    wa, wb = load_final(tmp_path / "in-process" / "final")[1], load_final(tmp_path / "workers" / "final")[1]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_collate_keeps_bf16_and_equals_float32_padding():
+    from vllm_compat.eagle3.train import collate
+
+    g = torch.Generator().manual_seed(0)
+    samples = [{"input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.bool),
+                "hidden_states": torch.randn(n, 3, 8, generator=g).to(torch.bfloat16)} for n in (5, 2, 4)]
+    out = collate(samples)
+    assert out["hidden_states"].dtype == torch.bfloat16 and out["hidden_states"].shape == (3, 5, 3, 8)
+    ref = torch.zeros(3, 5, 3, 8)
+    for i, s in enumerate(samples):
+        ref[i, : len(s["input_ids"])] = s["hidden_states"].float()
+    assert torch.equal(out["hidden_states"].float(), ref)  # bf16 -> fp32 is exact
+    assert out["valid"].sum().item() == 11 and not out["valid"][1, 2:].any()
+    mixed = samples[:2] + [{**samples[2], "hidden_states": samples[2]["hidden_states"].float()}]
+    assert collate(mixed)["hidden_states"].dtype == torch.float32
+
+
+def test_prefetched_order_errors_and_early_stop():
+    import threading
+
+    from vllm_compat.eagle3.train import prefetched
+
+    seen: list[str] = []
+
+    def make(x):
+        seen.append(threading.current_thread().name)
+        if x == 7:
+            raise ValueError("bad sample 7")
+        return x * x
+
+    assert list(prefetched(make, range(5), 0)) == [0, 1, 4, 9, 16]
+    assert set(seen) == {threading.current_thread().name}  # depth 0: the caller's thread
+    seen.clear()
+    assert list(prefetched(make, range(6), 3)) == [0, 1, 4, 9, 16, 25]
+    assert len(set(seen)) == 1 and seen[0].startswith("draft-batches")
+    it = prefetched(make, range(10), 2)
+    assert [next(it) for _ in range(7)] == [x * x for x in range(7)]
+    with pytest.raises(ValueError, match="bad sample 7"):  # raised in order, in the caller
+        next(it)
+    it = prefetched(make, iter(range(100)), 2)
+    assert next(it) == 0
+    it.close()  # a consumer that stops early leaves no thread behind
+    assert not [t for t in threading.enumerate() if t.name.startswith("draft-batches")]
