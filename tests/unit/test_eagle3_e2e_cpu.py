@@ -389,3 +389,22 @@ def test_summary_markdown_and_plot(tmp_path):
         assert png is None
     else:
         assert png is not None and png.stat().st_size > 1000
+
+
+def test_self_distill_prompts_reach_the_requested_count():
+    """One prompt per record capped the 2026-11-29 run at 2967 of 4096; windows deeper into
+    the records make up the rest, all distinct, all prompt_len long, seeded."""
+    from vllm_compat.eagle3.e2e import self_distill_prompts
+
+    recs = [{"input_ids": list(range(1000 * i, 1000 * i + n))} for i, n in enumerate([600, 50, 300, 1000, 64])]
+    few = self_distill_prompts(recs, 3, 64, seed=1)
+    assert len(few) == 3 and all(p[0] % 1000 == 0 for p in few)  # record starts first
+    many = self_distill_prompts(recs, 9, 64, seed=1)
+    assert len(many) == 9 and all(len(p) == 64 for p in many)
+    assert len({tuple(p) for p in many}) == 9
+    # 4 records reach 64 tokens; deeper windows at 256, 512 (record 0) and 256, 512, 768
+    # (record 3): 9 windows in all, so asking for 100 gives those 9
+    allw = self_distill_prompts(recs, 100, 64, seed=1)
+    assert sorted(p[0] for p in allw) == [0, 256, 512, 2000, 3000, 3256, 3512, 3768, 4000]
+    assert sorted(many) == sorted(allw)
+    assert self_distill_prompts(recs, 9, 64, seed=1) == many  # seeded
