@@ -183,12 +183,15 @@ def test_pipeline_phase_on_cpu_through_export_and_validate(fake_stdlib, tmp_path
     assert e2e.main(["pipeline", *common, "--model", "llama", "--extract-backend", "transformers",
                      "--extract-dtype", "float32", "--max-records", "6", "--draft-minutes", "0.05",
                      "--draft-batch", "2", "--ttt-steps", "2", "--draft-warmup", "1", "--max-model-len", "256",
-                     "--wait-timeout", "5"]) == 0
+                     "--wait-timeout", "5", "--train-after", str(work / "target.done")]) == 0
     steps = json.loads((out / "e2e.json").read_text())["steps"]
     got = [(s["phase"], s["step"], s["status"]) for s in steps]
     assert [g for g in got if g[2] != "ok"] == []
     assert [s for _, s, _ in got] == ["corpus", "tokenizer", "target_train", "_phase", "wait_target", "prepare",
-                                      "merge", "extract", "vocab", "train_draft", "export", "validate", "_phase"]
+                                      "merge", "extract", "vocab", "wait_before_training", "train_draft",
+                                      "export", "validate", "_phase"]
+    waited = next(s for s in steps if s["step"] == "wait_before_training")["result"]
+    assert waited["found"] is True and waited["waited_s"] < 5
     assert all(isinstance(s["wall_s"], float) for s in steps)
     tr = next(s for s in steps if s["step"] == "train_draft")["result"]
     assert len(tr["calibration_runs_s"]) == 3 and tr["steps"] >= 1 and tr["device"] == "cpu"
@@ -408,3 +411,12 @@ def test_self_distill_prompts_reach_the_requested_count():
     assert sorted(p[0] for p in allw) == [0, 256, 512, 2000, 3000, 3256, 3512, 3768, 4000]
     assert sorted(many) == sorted(allw)
     assert self_distill_prompts(recs, 9, 64, seed=1) == many  # seeded
+
+
+def test_wait_for_file_gives_up_after_the_timeout(tmp_path):
+    from vllm_compat.eagle3.e2e import wait_for_file
+
+    r = wait_for_file(tmp_path / "never", 0.3, poll_s=0.05)
+    assert r["found"] is False and 0.3 <= r["waited_s"] < 2
+    (tmp_path / "now").touch()
+    assert wait_for_file(tmp_path / "now", 5)["found"] is True

@@ -246,6 +246,16 @@ def phase_target(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
 # --------------------------------------------------------------------------- phase: pipeline
 
 
+def wait_for_file(path: Path, timeout_s: float, poll_s: float = 2.0) -> dict[str, Any]:
+    """Wait until ``path`` exists, at most ``timeout_s``; then go on either way (a shared GPU
+    host: the draft's training is CPU-bound, and on the H200 a concurrent job's JIT build cut
+    it from 7 to 0.67 steps/s)."""
+    t0 = time.perf_counter()
+    while not path.exists() and time.perf_counter() - t0 < timeout_s:
+        time.sleep(poll_s)
+    return {"file": str(path), "found": path.exists(), "waited_s": round(time.perf_counter() - t0, 1)}
+
+
 def select_records(src: Path, dst: Path, n: int | None, seed: int) -> int:
     """A seeded random subset of ``n`` lines of ``src`` (all when None), kept in file order."""
     lines = [line for line in src.read_text().splitlines() if line.strip()]
@@ -502,6 +512,9 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
         shutil.rmtree(mdir / "vocab", ignore_errors=True)
         m = build_vocab(mdir / "ds", tinfo.vocab_size, draft_vocab_size=size, output_dir=mdir / "vocab", progress=False)
         r.update(draft_vocab_size=m.draft_vocab_size, target_vocab_size=m.target_vocab_size, coverage=m.coverage)
+    if a.train_after:
+        with rec.step("wait_before_training") as r:
+            r.update(wait_for_file(Path(a.train_after), a.wait_timeout))
     with rec.step("train_draft") as r:
         shutil.rmtree(mdir / "run", ignore_errors=True)
         device = torch.device(a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -586,7 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch", type=int, default=64)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--warmup", type=int, default=200)
-    g.add_argument("--target-minutes", type=float, default=3.0)
+    # 1 min: both H200 runs of 2026-11-29 kept an early step (378 at ~20 s, 473 at ~25 s);
+    # the held-out loss only rose after that, so minutes 1-3 were device time spent on nothing
+    g.add_argument("--target-minutes", type=float, default=1.0)
     g.add_argument("--target-steps", type=int, help="a step count instead of the wall-clock budget")
     g.add_argument("--eval-tokens", type=int, default=262_144)
     g.add_argument("--compile", action="store_true", help="torch.compile the target for training")
@@ -614,6 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-minutes", type=float, default=4.0,
                    help="the 2026-11-29 run's 1.5 min (613 steps) under-trained the draft")
     g.add_argument("--draft-steps", type=int, help="a step count instead of --draft-minutes")
+    g.add_argument("--train-after", metavar="FILE",
+                   help="start the draft's training once FILE exists (at most --wait-timeout s): "
+                        "keeps it off a GPU host's CPUs while another job runs")
     g.add_argument("--draft-batch", type=int, default=16)
     g.add_argument("--draft-lr", type=float, default=5e-4)
     g.add_argument("--draft-warmup", type=int, default=100)
