@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # One H200 device session (30 min of device time) running issues #3, #4 and #7 together.
+# Corrected after the third session of 2026-11-29 (see ran-2026-11-29-s3/README.md).
 # Run on the GPU host from /root/vc (a copy of src/ bench/ tests/ gpu/), after the staging
 # calls of gpu/README.md. Two vLLM releases live side by side:
 #   /tmp/site-026  vLLM 0.26.0 (staged first, moved there by `after-026`)
 #   /tmp/site      vLLM 0.20.2 (staged second)
-# Jobs run detached; every log, JSON and plot goes to /root/out, which `collect` archives
-# into $OUT. GPU sharing: the 0.20.2 tests overlap the EAGLE-3 target training and the
-# draft pipeline only; the timed work (evaluate, benchmark) runs alone. Engines that share
+# Jobs run detached; every log, JSON and plot goes to /root/sess, which `collect` (also run
+# by `status`) archives into $OUT. GPU sharing: the 0.20.2 tests overlap the target training
+# and the pipeline's vLLM steps only; the draft's training (CPU-bound) waits for them
+# (--train-after), and the timed work (evaluate, benchmark) runs alone. Engines that share
 # the GPU get a fixed KV cache (kv_cache_memory_bytes), so vLLM skips its memory profiler,
 # which counts other processes' allocations as its own.
+# Expected: staging 2.5 min, pipeline until training ~6 min, draft 4, evaluate ~9.5
+# (7 configurations), benchmark <= 7: about 28 min. Poll with `status` every <= 5 min.
 #
 #   bash gpu/h200-session.sh target      # call 1: EAGLE-3 target training (no vLLM needed)
 #   bash gpu/h200-session.sh after-026   # last 0.26.0 chunk: check + pipeline/evaluate/bench
@@ -30,7 +34,7 @@ target)
   common
   stamp "target start"
   detach "PYTHONPATH=/root/vc/src python3 -m vllm_compat.eagle3.e2e target --work /root/e2e \
-    --out $OUTDIR/e2e --target-minutes 3; echo rc=\$? ; echo \"\$(date +%H:%M:%S) target end\" >> $OUTDIR/timeline.txt" \
+    --out $OUTDIR/e2e; echo rc=\$? ; echo \"\$(date +%H:%M:%S) target end\" >> $OUTDIR/timeline.txt" \
     "$OUTDIR/target.log"
   ;;
 after-026)
@@ -44,28 +48,22 @@ job-026)
   export PYTHONPATH=/tmp/site-026:/root/vc/src VLLM_CACHE_ROOT=/root/vllm-cache-026
   export VLLM_COMPAT_GPU_RESULTS=$OUTDIR/gpu-results-026.jsonl
   KV='{"kv_cache_memory_bytes": 8589934592}'
-  # 1. the overlapped device->host copy against the blocking one (shares the GPU with the
-  #    target training, so fixed KV caches)
-  stamp "026 overlap test start"
-  VLLM_COMPAT_GPU_TEST_KV_BYTES=2147483648 timeout 400 python3 -m pytest -m gpu -v -x \
-    tests/gpu/test_extract_gpu.py -k "overlapped or (input_order and llama)" \
-    > "$OUTDIR/t026.log" 2>&1
-  rc=$?; echo "rc=$rc" >> "$OUTDIR/t026.log"; stamp "026 overlap test rc=$rc"
-  if [ $rc -ne 0 ]; then export VLLM_COMPAT_EXTRACT_OVERLAP=0; stamp "overlap OFF for the pipeline"; fi
-  # 2. the EAGLE-3 draft pipeline (waits for the target; shares the GPU with the 0.20.2 tests)
+  # 1. the EAGLE-3 draft pipeline: waits for the target; its vLLM steps share the GPU with
+  #    the 0.20.2 tests, its draft training waits for them (bounded by --wait-timeout)
   stamp "pipeline start"
   python3 -m vllm_compat.eagle3.e2e pipeline --model llama --work /root/e2e --out "$OUTDIR/e2e" \
-    --engine-kwargs "$KV" > "$OUTDIR/pipeline.log" 2>&1
+    --engine-kwargs "$KV" --train-after /root/t020.done --wait-timeout 360 > "$OUTDIR/pipeline.log" 2>&1
   stamp "pipeline rc=$?"
-  # 3. timed work alone: wait for the 0.20.2 tests (bounded)
+  # 2. timed work alone: wait for the 0.20.2 tests (bounded)
   for _ in $(seq 1 150); do [ -f /root/t020.done ] && break; sleep 4; done
   stamp "evaluate start (t020.done: $([ -f /root/t020.done ] && echo yes || echo NO))"
+  # 7 configurations took ~80 s each on 2026-11-29 (engine start dominates)
   python3 -m vllm_compat.eagle3.e2e evaluate --model llama --work /root/e2e --out "$OUTDIR/e2e" \
-    --eval-budget-s 480 > "$OUTDIR/evaluate.log" 2>&1
+    --eval-budget-s 600 > "$OUTDIR/evaluate.log" 2>&1
   stamp "evaluate rc=$?"
   stamp "bench start"
   python3 bench/gpu_extraction.py --model llama-1b --out "$OUTDIR/bench" \
-    --modes a,a_sync,b,b_sync,c,d,e --time-budget-s 420 > "$OUTDIR/bench.log" 2>&1
+    --modes a,a_sync,b,b_sync,c,d,e --time-budget-s 400 > "$OUTDIR/bench.log" 2>&1
   stamp "bench rc=$?"
   touch "$OUTDIR/job-026.done"
   ;;
@@ -79,15 +77,17 @@ job-020)
   export VLLM_COMPAT_GPU_RESULTS=$OUTDIR/gpu-results-020.jsonl
   export VLLM_COMPAT_GPU_TEST_KV_BYTES=2147483648
   stamp "020 tests start"
-  timeout 540 python3 -m pytest -m gpu -v tests/gpu/test_extract_gpu.py --durations=0 \
-    > "$OUTDIR/t020.log" 2>&1
+  # what 0.20.2 still lacks after 2026-11-29 (Llama and Qwen3 passed there): DeepSeek-V3
+  # (Triton MoE now, see tests/gpu/conftest.py) and the native backend's MLA fallback
+  timeout 420 python3 -m pytest -m gpu -v tests/gpu/test_extract_gpu.py --durations=0 \
+    -k "deepseek or native" -o faulthandler_timeout=200 > "$OUTDIR/t020.log" 2>&1
   rc=$?; echo "rc=$rc" >> "$OUTDIR/t020.log"; stamp "020 tests rc=$rc"
   touch /root/t020.done
   ;;
 status)
   bash /root/vc/gpu/h200-session.sh collect >/dev/null 2>&1 || true
   cat "$OUTDIR/timeline.txt" 2>/dev/null
-  for f in t026 t020; do [ -f "$OUTDIR/$f.log" ] && { echo "== $f"; grep -E "PASSED|FAILED|ERROR|passed|failed|rc=" "$OUTDIR/$f.log" | tail -30; }; done
+  for f in t020; do [ -f "$OUTDIR/$f.log" ] && { echo "== $f"; grep -E "PASSED|FAILED|ERROR|passed|failed|rc=" "$OUTDIR/$f.log" | tail -30; }; done
   for f in target pipeline evaluate bench; do [ -f "$OUTDIR/$f.log" ] && { echo "== $f"; grep -v "^\s*$" "$OUTDIR/$f.log" | grep -iv "warn" | tail -4 | cut -c1-300; }; done
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
   ;;
