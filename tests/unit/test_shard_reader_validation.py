@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 
 import pytest
 import torch
@@ -296,3 +297,53 @@ def test_streamed_shard_bytes_are_a_valid_safetensors_file(tmp_path):
     (tmp_path / "x.safetensors").write_bytes(data)
     with safe_open(str(tmp_path / "x.safetensors"), framework="pt") as f:  # the reader's path
         assert set(f.keys()) == set(tensors)
+
+
+def test_background_writer_writes_the_same_bytes_and_surfaces_errors(tmp_path):
+    """BackgroundShardWriter (what extraction writes through): the same shard files, byte for
+    byte, as ShardWriter called in the loop; a failing write is raised in the caller."""
+    from vllm_compat.eagle3.data import BackgroundShardWriter, ShardWriter, check_sample  # noqa: F401
+
+    g = torch.Generator().manual_seed(3)
+    samples = []
+    for n in (5, 9, 2, 7, 4, 6, 3):
+        samples.append({"input_ids": torch.randint(0, 50, (n,), generator=g),
+                        "loss_mask": torch.ones(n, dtype=torch.bool),
+                        "hidden_states": torch.randn(n, 2, 8, generator=g).to(torch.bfloat16)})
+
+    def writer(d):
+        return ShardWriter(d, hidden_size=8, aux_layer_ids=[1], final_layer_id=3, samples_per_shard=3)
+
+    with writer(tmp_path / "sync") as w:
+        for s in samples:
+            w.add(s)
+    with BackgroundShardWriter(writer(tmp_path / "bg"), max_queue=2) as w:
+        for s in samples:
+            w.add(s)
+    names = sorted(p.name for p in (tmp_path / "sync").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "bg").iterdir())
+    assert len([n for n in names if n.startswith("shard-")]) == 3
+    for n in names:
+        if n.startswith("shard-") or n == "manifest.json":
+            assert (tmp_path / "sync" / n).read_bytes() == (tmp_path / "bg" / n).read_bytes(), n
+
+    # a bad sample is refused in the caller's thread, before it is queued
+    w = BackgroundShardWriter(writer(tmp_path / "bad"))
+    with pytest.raises(Exception, match="hidden_states"):
+        w.add({**samples[0], "hidden_states": torch.zeros(5, 2, 7)})
+    w.close()
+
+    # a write that fails in the thread comes back on a later add() or on close()
+    w = BackgroundShardWriter(writer(tmp_path / "fail"))
+    w.writer.flush = lambda: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    raised = []
+    try:
+        for s in samples * 3:
+            w.add(s)
+            time.sleep(0.01)  # the thread fails at the first shard; later adds see it
+    except OSError as e:
+        raised.append(e)
+    assert raised and "No space left" in str(raised[0])
+    with pytest.raises(OSError, match="No space left"):  # close() does not swallow it
+        w.close()
+    assert w.writer._lock is None  # the folder lock was released

@@ -505,6 +505,65 @@ class ShardWriter:
         atomic_write_bytes(self.dir / MANIFEST, json.dumps(self.manifest.to_json(), indent=1).encode())
 
 
+class BackgroundShardWriter:
+    """A :class:`ShardWriter` fed by one background thread through a bounded queue.
+
+    Encoding, hashing and writing a shard then overlap the producer (an extraction loop)
+    instead of stopping it every ``samples_per_shard`` samples. One thread, FIFO: the same
+    shards with the same bytes, in the same order, with the same crash safety as the
+    writer itself. Samples are checked in the caller's thread. A write error in the thread
+    is raised by the next :meth:`add` or by :meth:`close`. ``max_queue`` bounds the samples
+    waiting (memory); a full queue blocks :meth:`add`.
+    """
+
+    def __init__(self, writer: ShardWriter, max_queue: int = 64) -> None:
+        import queue
+        import threading
+
+        self.writer = writer
+        self.error: BaseException | None = None
+        self._q: Any = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._run, name="shard-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.writer.manifest
+
+    def add(self, sample: dict[str, torch.Tensor]) -> None:
+        if self.error is not None:
+            raise self.error
+        check_sample(sample, len(self.writer.manifest.layer_ids), self.writer.manifest.hidden_size)
+        self._q.put(sample)
+
+    def _run(self) -> None:
+        while True:
+            sample = self._q.get()
+            if sample is None:
+                return
+            if self.error is None:  # after an error: drain, so the producer never blocks
+                try:
+                    self.writer.add(sample)
+                except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                    self.error = e
+
+    def close(self) -> Manifest:
+        """Write what is queued and the last shard; returns the manifest."""
+        if self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join()
+        if self.error is not None:
+            self.writer._release()  # the folder lock; the partial shard was never committed
+            raise self.error
+        return self.writer.close()
+
+    def __enter__(self) -> BackgroundShardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # --------------------------------------------------------------------------- reader
 
 

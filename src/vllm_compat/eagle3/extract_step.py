@@ -21,7 +21,7 @@ from ..extract.layers import (
     validate_layer_ids,
 )
 from ..locking import lock_output_dir
-from .data import ShardWriter
+from .data import BackgroundShardWriter, ShardWriter
 from .prepare import iter_token_records
 
 BACKENDS = ("vllm", "transformers")
@@ -94,6 +94,8 @@ def _extract_with_vllm(
     )
     done = writer.num_samples
     records = list(_records_from(records_dir, done))
+    # shards are encoded, hashed and written in a thread while the engine extracts the next ones
+    out = BackgroundShardWriter(writer)
     try:
         if records:
             with HiddenStatesExtractor(str(target_dir), layer_ids=[*aux, n], **extractor_kwargs) as ex:
@@ -101,9 +103,9 @@ def _extract_with_vllm(
                 for sample in tqdm(stream, total=len(records), initial=0, disable=not progress,
                                    desc="extract"):
                     ids, mask = records[sample.index]
-                    writer.add({"input_ids": ids, "loss_mask": mask, "hidden_states": sample.hidden_states})
+                    out.add({"input_ids": ids, "loss_mask": mask, "hidden_states": sample.hidden_states})
     finally:
-        manifest = writer.close()
+        manifest = out.close()
     return manifest.num_samples
 
 
