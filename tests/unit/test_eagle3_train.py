@@ -58,7 +58,12 @@ def test_loss_falls_and_metrics_are_logged_per_position(inputs, tmp_path):
     res = train(_cfg(inputs, tmp_path, epochs=6, ttt_steps=2, ttt_decay=0.8))
     rows = _rows(tmp_path)
     assert res.step == 24 and [int(r["step"]) for r in rows] == list(range(1, 25))
-    assert set(rows[0]) == {"step", "epoch", "lr", "loss", "grad_norm", "loss_0", "loss_1", "acc_0", "acc_1"}
+    assert set(rows[0]) == {"step", "epoch", "lr", "loss", "grad_norm", "loss_0", "loss_1", "acc_0", "acc_1",
+                            "chain_0", "chain_1"}
+    # chain_k (steps 0..k all right, like vLLM's per-position acceptance) vs acc_k (step k alone)
+    assert all(r["chain_0"] == r["acc_0"] for r in rows)
+    assert all(float(r["chain_1"]) <= float(r["acc_1"]) + 1e-9 for r in rows)
+    assert any(float(r["chain_1"]) < float(r["acc_1"]) for r in rows)  # the chain is carried
     first = sum(float(r["loss_0"]) for r in rows[:4])
     last = sum(float(r["loss_0"]) for r in rows[-4:])
     assert last < 0.8 * first, (first, last)

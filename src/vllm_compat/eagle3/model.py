@@ -204,6 +204,10 @@ class TTTOutput:
     step_loss: list[torch.Tensor]  # per TTT position, detached
     correct: list[torch.Tensor]  # per position: draft argmax == target argmax, summed over the mask
     counted: list[torch.Tensor]  # per position: number of positions in the mask
+    # per position k: positions where steps 0..k were all right (summed over step k's mask).
+    # chained[k] / counted[k] is what vLLM reports as per-position acceptance (the chain
+    # stops at the first wrong draft token); correct[k] / counted[k] is not conditional.
+    chained: list[torch.Tensor] = field(default_factory=list)
 
 
 def ttt_masks(loss_mask: torch.Tensor, valid: torch.Tensor, steps: int) -> list[torch.Tensor]:
@@ -247,6 +251,7 @@ def ttt_forward(
     cache: list[tuple[torch.Tensor, torch.Tensor]] = []
     total = torch.zeros((), device=ids.device)
     out = TTTOutput(total, [], [], [])
+    chain = None
     for k in range(steps):
         logits, hidden = draft.step(tokens, hidden, positions + k, cache)
         logp = logits.float().log_softmax(-1)
@@ -257,9 +262,12 @@ def ttt_forward(
         loss_k = (-(p * logp).sum(-1) * m).sum() / denom
         total = total + (decay ** k) * loss_k
         draft_argmax = logits.argmax(-1)
+        right = (vocab[draft_argmax] == tk.argmax(-1)).detach()
+        chain = right if chain is None else chain & right
         out.step_loss.append(loss_k.detach())
-        out.correct.append(((vocab[draft_argmax] == tk.argmax(-1)).float() * m).sum().detach())
+        out.correct.append((right.float() * m).sum().detach())
         out.counted.append(m.sum().detach())
+        out.chained.append((chain.float() * m).sum().detach())
         tokens = vocab[draft_argmax].detach()
     out.loss = total
     return out

@@ -148,7 +148,8 @@ class TTTModule(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         out = ttt_forward(self.draft, self.target, batch, self.steps, self.decay)
-        stats = torch.stack([torch.stack(out.step_loss), torch.stack(out.correct), torch.stack(out.counted)])
+        stats = torch.stack([torch.stack(out.step_loss), torch.stack(out.correct), torch.stack(out.counted),
+                             torch.stack(out.chained)])
         return out.loss, stats
 
 
@@ -320,7 +321,9 @@ ORDER_NAMES = ["step", "epoch", "samples"]
 
 def _metric_names(steps: int) -> list[str]:
     return (["step", "epoch", "lr", "loss", "grad_norm"]
-            + [f"loss_{k}" for k in range(steps)] + [f"acc_{k}" for k in range(steps)])
+            + [f"loss_{k}" for k in range(steps)] + [f"acc_{k}" for k in range(steps)]
+            # chain_k: steps 0..k all right, comparable to vLLM's per-position acceptance
+            + [f"chain_{k}" for k in range(steps)])
 
 
 def _complete(row: dict[str, Any], names: list[str]) -> bool:
@@ -453,11 +456,13 @@ def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
             dist.all_reduce(stats)
             stats[0] /= stats[2].clamp_min(1)
         acc = (stats[1] / stats[2].clamp_min(1)).tolist()
+        chained = (stats[3] / stats[2].clamp_min(1)).tolist()
         # the logged loss is recomposed from the (all-reduced) per-position losses
         total_loss = sum(cfg.ttt_decay ** k * float(v) for k, v in enumerate(stats[0]))
         last = {"step": step, "epoch": epoch, "lr": lr, "loss": total_loss,
                 "grad_norm": float(grad_norm), **{f"loss_{k}": float(v) for k, v in enumerate(stats[0])},
-                **{f"acc_{k}": a for k, a in enumerate(acc)}}
+                **{f"acc_{k}": a for k, a in enumerate(acc)},
+                **{f"chain_{k}": c for k, c in enumerate(chained)}}
         if rank == 0:
             with (out / METRICS_CSV).open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=names).writerow(last)
