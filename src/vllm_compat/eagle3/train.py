@@ -539,14 +539,23 @@ def plot_metrics(csv_path: Path, png_path: Path) -> Path | None:
         return None
     steps = [int(r["step"]) for r in rows]
     k = sum(1 for n in rows[0] if n.startswith("loss_"))
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    chain = f"chain_{k - 1}" in rows[0]  # CSVs written before chain_k have no third panel
+    fig, axes = plt.subplots(1, 3 if chain else 2, figsize=(15 if chain else 10, 4))
+    a, b = axes[0], axes[1]
     for i in range(k):
         a.plot(steps, [float(r[f"loss_{i}"]) for r in rows], label=f"position {i}")
         b.plot(steps, [float(r[f"acc_{i}"]) for r in rows], label=f"position {i}")
+        if chain:  # 50-step running mean: one batch is noisy
+            v = [float(r[f"chain_{i}"]) for r in rows]
+            axes[2].plot(steps, [sum(v[max(0, j - 49): j + 1]) / len(v[max(0, j - 49): j + 1])
+                                 for j in range(len(v))], label=f"position {i}")
     a.set(title="loss per TTT position", xlabel="step")
     b.set(title="accuracy per TTT position", xlabel="step", ylim=(0, 1))
     a.legend()
     b.legend()
+    if chain:
+        axes[2].set(title="positions 0..k all right (50-step mean)", xlabel="step", ylim=(0, 1))
+        axes[2].legend()
     fig.tight_layout()
     fig.savefig(png_path, dpi=80)
     plt.close(fig)
