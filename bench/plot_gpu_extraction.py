@@ -20,6 +20,8 @@ from typing import Any, Sequence
 SERIES = [
     ("a", "(a) vLLM generate"),
     ("b", "(b) ours, host mem"),
+    ("b_sync", "(b) blocking copy"),
+    ("a_sync", "(a) in-process, sync"),
     ("c_bf16", "(c) ours, disk bf16"),
     ("c_fp8", "(c) ours, disk fp8"),
     ("d", "(d) HF forward"),
