@@ -7,7 +7,6 @@ cached for the module; every engine is closed before the next one starts.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import warnings
@@ -26,20 +25,6 @@ KINDS = ["llama", "qwen3", "deepseek_v3"]
 TOL_HF = {"llama": 0.03, "qwen3": 0.03, "deepseek_v3": 0.05}
 TOL_SAME = 0.02  # two vLLM runs (chunked / compiled / runner) on the same weights
 _RUNS: dict[tuple, dict] = {}
-
-
-@contextlib.contextmanager
-def _env(**kv: str):
-    old = {k: os.environ.get(k) for k in kv}
-    os.environ.update(kv)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +50,11 @@ def run(ckpts, kind: str, name: str, *, env: dict | None = None, logprobs: bool 
     kw.setdefault("enforce_eager", True)
     kw = {**M.engine_kwargs(), **kw}
     t0 = time.perf_counter()
-    with _env(**(env or {})), warnings.catch_warnings(record=True) as w:
+    # MonkeyPatch.context restores only the variables set here: the extractor keeps some of
+    # its own set for the engine's life (VLLM_USE_AOT_COMPILE=0 on a compiled engine)
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings(record=True) as w:
+        for k, v in (env or {}).items():
+            mp.setenv(k, v)
         warnings.simplefilter("always")
         ex = HiddenStatesExtractor(
             ckpts[kind], layer_ids=layer_ids or _ids(kind), max_model_len=M.MAX_LEN,

@@ -17,6 +17,9 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -30,7 +33,6 @@ TINY_ARGS = ["--num-prompts", "3", "--prompt-len", "24", "--mixed-prompts", "4",
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-    torch.set_num_threads(1)
     d = tmp_path_factory.mktemp("llama-tiny")
     info = gpu_models.build("llama-tiny", d, device="cpu")
     assert not info["reused"]

@@ -6,18 +6,12 @@ import argparse
 import json
 
 import pytest
-import torch
 
 from vllm_compat.eagle3.cli import add_parser, main
 from vllm_compat.eagle3.synthetic import write_dataset, write_target
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_add_parser_registers_every_step():

@@ -16,17 +16,17 @@ from vllm_compat.eagle3.validate import CheckpointValidationError, validate
 from vllm_compat.eagle3.vocab import build_vocab
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     d = tmp_path_factory.mktemp("export")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
     write_target(d / "target")
     write_dataset(d / "ds", d / "target", num_samples=4)
     build_vocab(d / "ds", 96, draft_vocab_size=32, output_dir=d / "vocab")
     train(TrainConfig(dataset=str(d / "ds"), target=str(d / "target"), vocab=str(d / "vocab"),
                       output_dir=str(d / "run"), batch_size=2, dtype="fp32", progress=False, tensorboard=False))
-    torch.set_num_threads(n)
     export(d / "run", d / "target", d / "ckpt", verifier="org/tiny-target", speculative_tokens=4)
     return d
 
@@ -73,7 +73,6 @@ def test_export_validates(exported):
 
 def test_full_vocabulary_draft_ships_no_mapping(exported, tmp_path):
     build_vocab(exported / "ds", 96, draft_vocab_size=1000, output_dir=tmp_path / "vocab")  # capped at 96
-    torch.set_num_threads(1)
     train(TrainConfig(dataset=str(exported / "ds"), target=str(exported / "target"), vocab=str(tmp_path / "vocab"),
                       output_dir=str(tmp_path / "run"), batch_size=4, dtype="fp32", progress=False, tensorboard=False))
     export(tmp_path / "run", exported / "target", tmp_path / "ckpt")

@@ -15,6 +15,9 @@ from vllm_compat.eagle3.extract_step import aux_layer_ids_for, extract_dataset
 from vllm_compat.eagle3.hf_reference import make_tiny_llama
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
 @pytest.fixture
 def target(tmp_path):
     return make_tiny_llama(tmp_path / "target", vocab_size=64, hidden_size=16, num_hidden_layers=8,
@@ -42,7 +45,6 @@ def test_bad_aux_layers_are_refused(target, bad, msg):
 
 
 def test_cli_extract_resumes_where_it_stopped(target, tmp_path):
-    torch.set_num_threads(1)
     prep = _prepared(tmp_path, 3)
     args = ["eagle3", "extract", str(prep), "--target", target, "-o", str(tmp_path / "ds"),
             "--backend", "transformers", "--dtype", "float32", "--samples-per-shard", "2", "--no-progress"]

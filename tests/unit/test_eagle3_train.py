@@ -23,13 +23,7 @@ from vllm_compat.eagle3.train import (
 from vllm_compat.eagle3.vocab import build_vocab
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny matmuls on a loaded 2-core box: a second intra-op thread only adds contention
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -41,12 +41,7 @@ TOTAL = NUM_SAMPLES // BATCH * EPOCHS  # 12 steps; checkpoints at 3, 6, 9, 12
 TOL = 1e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the children use one thread too: same kernels, same sums
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -674,8 +674,9 @@ class Session:
             self._in_process_worker, self.overlap_copy), rank=0)
         if isinstance(chunks, HostStaging):
             self._staged, chunks = chunks, ready
-        elif ready:  # not reached: staging is either on for every step or off
-            raise RuntimeError("staged states were left over by a blocking step")
+        elif ready:  # overlap_copy was switched off in the middle of an extraction
+            raise RuntimeError("overlap_copy changed while an extraction was running; change "
+                               "it only between extract() calls")
         t1 = time.perf_counter()
         # blocking copy: includes waiting for the forward (the copy to CPU syncs);
         # overlap: only queues the copy
