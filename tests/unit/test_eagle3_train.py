@@ -182,3 +182,28 @@ def test_prefetched_order_errors_and_early_stop():
     assert next(it) == 0
     it.close()  # a consumer that stops early leaves no thread behind
     assert not [t for t in threading.enumerate() if t.name.startswith("draft-batches")]
+
+
+def test_device_resident_samples_give_the_same_run(inputs, tmp_path):
+    """Samples read once onto the training device (``DeviceSamples``; the CUDA default when
+    they fit) and padded there give the same batches in the same order as reading the files
+    every step: identical loss curve, data order and weights. Here the device is the CPU."""
+    from vllm_compat.eagle3.data import HiddenStatesDataset
+    from vllm_compat.eagle3.train import DeviceSamples, device_cache_fits
+
+    a = train(_cfg(inputs, tmp_path / "files", device_cache=False, max_steps=6))
+    b = train(_cfg(inputs, tmp_path / "cached", device_cache=True, max_steps=6))
+    ds = HiddenStatesDataset(inputs / "ds")
+    held = DeviceSamples(ds, "cpu")
+    c = train(_cfg(inputs, tmp_path / "passed", max_steps=6), samples=held)
+    assert a.step == b.step == c.step == 6
+    for d in ("cached", "passed"):
+        assert _rows(tmp_path / "files") == _rows(tmp_path / d)
+        assert (tmp_path / "files" / "data_order.csv").read_text() == (tmp_path / d / "data_order.csv").read_text()
+        wa, wb = load_final(tmp_path / "files" / "final")[1], load_final(tmp_path / d / "final")[1]
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert len(held) == len(ds) and all(torch.equal(held[i]["hidden_states"], ds[i]["hidden_states"])
+                                        for i in range(len(ds)))
+    assert not device_cache_fits(ds, torch.device("cpu"))  # auto mode is for CUDA only
+    with pytest.raises(ValueError, match="samples hold .* this run trains on"):
+        train(_cfg(inputs, tmp_path / "other", dataset=str(tmp_path / "elsewhere"), max_steps=1), samples=held)

@@ -368,7 +368,7 @@ def extract_budgeted(target: Path, records_dir: Path, output_dir: Path, aux: Seq
 
 
 def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | None, steps: int | None,
-                calib_steps: int = 20) -> dict[str, Any]:
+                calib_steps: int = 40) -> dict[str, Any]:
     """``train.train`` on ``device`` for ``steps`` steps, or as many as fit in ``minutes`` (calibration
     included, measured with three short runs); the cosine schedule spans the steps actually run."""
     import importlib
@@ -380,17 +380,26 @@ def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | Non
     # the module, not the function the package re-exports under the same name
     T = importlib.import_module(f"{__package__}.train")
 
-    n = len(HiddenStatesDataset(cfg_kwargs["dataset"]))
+    t_all = time.perf_counter()
+    dataset = HiddenStatesDataset(cfg_kwargs["dataset"])
+    n = len(dataset)
     per_epoch = n // cfg_kwargs["batch_size"]
     if per_epoch == 0:
         raise ValueError(f"{n} samples < batch size {cfg_kwargs['batch_size']}")
     info: dict[str, Any] = {"samples": n, "steps_per_epoch": per_epoch, "device": str(device)}
+    # read the samples onto the GPU once, for the calibration runs and the real one
+    samples = None
+    if T.device_cache_fits(dataset, device):
+        t0 = time.perf_counter()
+        samples = T.DeviceSamples(dataset, device)
+        info.update(device_cache_gb=round(T.dataset_file_bytes(dataset) / 1e9, 2),
+                    device_cache_s=round(time.perf_counter() - t0, 2))
     if steps is None:
         if minutes is None:
             raise ValueError("pass minutes or steps")
         # Steady-state speed: runs of 1 (warm-up: CUDA context, kernels), 2 and 2 + calib steps;
-        # the step time is the difference of the last two, so set-up costs cancel out.
-        t_all = time.perf_counter()
+        # the step time is the difference of the last two, so set-up costs cancel out. The
+        # budget counts from the start, reading the samples included.
         calib = max(1, min(calib_steps, per_epoch - 2))
         out = Path(cfg_kwargs["output_dir"])
         scratch = out.parent / (out.name + "_calibrate")
@@ -399,7 +408,7 @@ def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | Non
             shutil.rmtree(scratch, ignore_errors=True)
             t0 = time.perf_counter()
             _run_train(T, T.TrainConfig(**{**cfg_kwargs, "output_dir": str(scratch), "max_steps": n_steps,
-                                           "epochs": 1, "checkpoint_every": 10 ** 9}), device)
+                                           "epochs": 1, "checkpoint_every": 10 ** 9}), device, samples)
             times.append(time.perf_counter() - t0)
         shutil.rmtree(scratch, ignore_errors=True)
         per_step = (times[2] - times[1]) / calib if times[2] > times[1] else times[2] / (2 + calib)
@@ -411,28 +420,29 @@ def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | Non
     epochs = max(1, math.ceil(steps / per_epoch))
     cfg = T.TrainConfig(**{**cfg_kwargs, "epochs": epochs, "max_steps": steps})
     t0 = time.perf_counter()
-    res = _run_train(T, cfg, device)
+    res = _run_train(T, cfg, device, samples)
     train_s = time.perf_counter() - t0
     info.update(steps=res.step, epochs=epochs, epochs_seen=res.step / per_epoch, train_s=round(train_s, 2),
                 steps_per_s=round(res.step / max(train_s, 1e-9), 3), last=res.last_metrics)
+    del samples
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return info
 
 
-def _run_train(T: Any, cfg: Any, device: Any) -> Any:
+def _run_train(T: Any, cfg: Any, device: Any, samples: Any = None) -> Any:
     """Single-process ``train.train`` on ``device``. ``train`` picks its device in ``_dist()``:
     the CPU for a single process. Until ``TrainConfig`` has a device option, the single-process
     branch is given ``device`` for the duration of this call."""
     if device.type == "cpu":
-        return T.train(cfg, resume=False)
+        return T.train(cfg, resume=False, samples=samples)
     if "device" in {f.name for f in fields(T.TrainConfig)}:
         cfg.device = str(device)
-        return T.train(cfg, resume=False)
+        return T.train(cfg, resume=False, samples=samples)
     orig = T._dist
     T._dist = lambda: (0, 1, device, False)
     try:
-        return T.train(cfg, resume=False)
+        return T.train(cfg, resume=False, samples=samples)
     finally:
         T._dist = orig
 
@@ -482,9 +492,10 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
     rows = read_prepared(mdir / "prep" / PREPARED)
     sd_rows: list[dict[str, Any]] = []
     n_sd = a.self_distill if a.self_distill is not None else (
-        # 4096: the 2026-11-29 run's 1024 left the draft behind n-gram on the target's
-        # looping continuations (docs/eagle3-results.md)
-        4096 if a.model == "llama" and a.extract_backend == "vllm" else 0)
+        # the 2026-11-29 runs' 1024 and 4096 left the draft behind n-gram on the target's
+        # looping continuations (docs/eagle3-results.md). 6144 since the draft's samples live
+        # on the GPU: more steps per minute, so more distinct data to go with them
+        6144 if a.model == "llama" and a.extract_backend == "vllm" else 0)
     if n_sd:
         with rec.step("self_distill") as r:
             sd_rows, info = self_distill(target, rows, n_sd, a.sd_prompt_len, a.sd_max_tokens,
@@ -621,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-records", type=int, default=3000, help="training chunks used (seeded random subset)")
     g.add_argument("--self-distill", type=int, metavar="N",
                    help="also train on the target's greedy continuations of N training prompts (vLLM); "
-                        "default 4096 for llama with the vllm backend, else 0")
+                        "default 6144 for llama with the vllm backend, else 0")
     g.add_argument("--sd-prompt-len", type=int, default=64)
     g.add_argument("--sd-max-tokens", type=int, default=448)
     g.add_argument("--extract-backend", choices=("vllm", "transformers"), default="vllm")
@@ -632,14 +643,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--aux-layer-ids", type=int, nargs="+",
                    help="default: (2, L//2, L-3) for L >= 8 layers, else the last three of 1..L-1")
     g.add_argument("--draft-vocab-size", type=int, help="default: the target's (full vocabulary, no d2t)")
-    g.add_argument("--draft-minutes", type=float, default=4.0,
-                   help="the 2026-11-29 run's 1.5 min (613 steps) under-trained the draft")
+    g.add_argument("--draft-minutes", type=float, default=3.5,
+                   help="wall clock of the draft's training, reading its samples onto the GPU and "
+                        "calibration included (2026-11-29: 613 and 908 steps under-trained it)")
     g.add_argument("--draft-steps", type=int, help="a step count instead of --draft-minutes")
     g.add_argument("--train-after", metavar="FILE",
                    help="start the draft's training once FILE exists (at most --wait-timeout s): "
                         "keeps it off a GPU host's CPUs while another job runs")
-    g.add_argument("--draft-batch", type=int, default=16)
-    g.add_argument("--draft-lr", type=float, default=5e-4)
+    # 32 and 7e-4 (16 and 5e-4 on 2026-11-29): with the samples on the GPU a step is launch-bound,
+    # so twice the batch costs little; the lr follows the batch by sqrt(2)
+    g.add_argument("--draft-batch", type=int, default=32)
+    g.add_argument("--draft-lr", type=float, default=7e-4)
     g.add_argument("--draft-warmup", type=int, default=100)
     g.add_argument("--ttt-steps", type=int, default=5)
     g.add_argument("--speculative-tokens", type=int, default=3, help="written into the exported config")

@@ -71,6 +71,11 @@ class TrainConfig:
     # for any value). None: 3 on CUDA, where reading and padding the hidden states inside the
     # loop left the GPU waiting (H200: 7 steps/s for a 1-layer draft); 0 (CPU): in the loop.
     prefetch: int | None = None
+    # every sample moved to the training device once, and batches padded there: no host work
+    # is left in the step (H200: with host-side batches a 1-layer draft ran 7 steps/s, the GPU
+    # waiting). None: on CUDA, for a single process, when the dataset's files take at most a
+    # quarter of the free device memory; True: always; False: never.
+    device_cache: bool | None = None
 
 
 @dataclass
@@ -157,17 +162,19 @@ def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Right-pad to the longest sample; ``valid`` marks real tokens (causal attention keeps
     padding invisible to them). Hidden states keep their stored dtype (one common dtype,
     else float32): the model casts them on the device, and bf16 -> fp32 is exact, so the
-    result is the same as padding in float32 at half the bytes to pad and copy."""
+    result is the same as padding in float32 at half the bytes to pad and copy. The batch is
+    built on the samples' device (:class:`DeviceSamples`: on the GPU)."""
     t = max(s["input_ids"].shape[0] for s in samples)
     b = len(samples)
     hs0 = samples[0]["hidden_states"]
+    dev = hs0.device
     dtypes = {s["hidden_states"].dtype for s in samples}
     hs_dtype = hs0.dtype if len(dtypes) == 1 and hs0.dtype.is_floating_point else torch.float32
     out = {
-        "input_ids": torch.zeros(b, t, dtype=torch.int64),
-        "loss_mask": torch.zeros(b, t, dtype=torch.bool),
-        "valid": torch.zeros(b, t, dtype=torch.bool),
-        "hidden_states": torch.zeros(b, t, *hs0.shape[1:], dtype=hs_dtype),
+        "input_ids": torch.zeros(b, t, dtype=torch.int64, device=dev),
+        "loss_mask": torch.zeros(b, t, dtype=torch.bool, device=dev),
+        "valid": torch.zeros(b, t, dtype=torch.bool, device=dev),
+        "hidden_states": torch.zeros(b, t, *hs0.shape[1:], dtype=hs_dtype, device=dev),
     }
     for i, s in enumerate(samples):
         n = s["input_ids"].shape[0]
@@ -176,6 +183,41 @@ def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         out["valid"][i, :n] = True
         out["hidden_states"][i, :n] = s["hidden_states"]
     return out
+
+
+class DeviceSamples(torch.utils.data.Dataset):
+    """Every sample of ``dataset`` read once (shards checked and NaN/Inf-checked as usual) and
+    kept on ``device``; ``manifest`` and ``dir`` are the dataset's. Build it once and pass it
+    to several :func:`train` calls (``samples=``) to read the files once."""
+
+    def __init__(self, dataset: HiddenStatesDataset, device: torch.device | str) -> None:
+        self.manifest, self.dir, self.device = dataset.manifest, dataset.dir, _device_of(device)
+        self._samples = [{k: v.to(self.device) for k, v in dataset[i].items()} for i in range(len(dataset))]
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self._samples[i]
+
+
+def _device_of(device: torch.device | str) -> torch.device:
+    """The device a tensor placed on ``device`` reports (``cuda`` -> ``cuda:0``)."""
+    return torch.empty(0, device=device).device
+
+
+def dataset_file_bytes(dataset: HiddenStatesDataset) -> int:
+    """The bytes of the dataset's shard files: what :class:`DeviceSamples` will hold, give or
+    take the headers."""
+    return sum(path.stat().st_size for path, _ in dataset._shards)
+
+
+def device_cache_fits(dataset: HiddenStatesDataset, device: torch.device, share: float = 0.25) -> bool:
+    """Whether the dataset fits in ``share`` of the free memory of CUDA ``device``."""
+    if device.type != "cuda":
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return dataset_file_bytes(dataset) <= share * free
 
 
 class StepBatches(torch.utils.data.Sampler[list[int]]):
@@ -349,7 +391,10 @@ def _reset_csv(path: Path, names: list[str], upto_step: int) -> None:
         w.writerows(rows)
 
 
-def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
+def train(cfg: TrainConfig, *, resume: bool = True,
+          samples: DeviceSamples | None = None) -> TrainResult:
+    """``samples``: the dataset already on the training device (read once for several runs);
+    it must be ``cfg.dataset``'s."""
     rank, world, device, started_pg = _dist()
     out = Path(cfg.output_dir)
     from ..locking import lock_output_dir  # one job per run dir; released when train returns
@@ -358,7 +403,17 @@ def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / TRAIN_CONFIG).write_text(json.dumps(asdict(cfg), indent=1))
-    dataset = HiddenStatesDataset(cfg.dataset)
+    dataset: HiddenStatesDataset | DeviceSamples
+    if samples is not None:
+        if Path(samples.dir).resolve() != Path(cfg.dataset).resolve() or samples.device != _device_of(device):
+            raise ValueError(f"samples hold {samples.dir} on {samples.device}; this run trains on "
+                             f"{cfg.dataset} on {device}")
+        dataset = samples
+    else:
+        dataset = HiddenStatesDataset(cfg.dataset)
+        if cfg.device_cache or (cfg.device_cache is None and world == 1 and device_cache_fits(dataset, device)):
+            dataset = DeviceSamples(dataset, device)
+    on_device = isinstance(dataset, DeviceSamples)
     draft, target, dcfg = build_models(cfg, dataset)
     module = TTTModule(draft, target, cfg.ttt_steps, cfg.ttt_decay).to(device)
     model: nn.Module = module
@@ -407,8 +462,9 @@ def train(cfg: TrainConfig, *, resume: bool = True) -> TrainResult:
 
     names = _metric_names(cfg.ttt_steps)
     sampler = StepBatches(len(dataset), cfg.batch_size, steps_per_epoch, cfg.seed, step, stop, rank, world)
-    depth = cfg.prefetch if cfg.prefetch is not None else (3 if device.type == "cuda" else 0)
-    pin = device.type == "cuda"
+    # on-device samples: padding is a few device copies, launched asynchronously, so no thread
+    depth = cfg.prefetch if cfg.prefetch is not None else (3 if device.type == "cuda" and not on_device else 0)
+    pin = device.type == "cuda" and not on_device
 
     def make_batch(idx: list[int]) -> dict[str, torch.Tensor]:
         # collate looked up at call time: tests slow it down to kill mid-step
