@@ -41,6 +41,16 @@ def _ids(kind: str, L: int = 4) -> tuple[int, ...]:
     return tuple(range(0, L + 1))
 
 
+def _aux_reaches_final(kind: str) -> bool:
+    """Whether vLLM's aux path can hand back the final pre-norm state (id L) for ``kind``.
+    DeepseekV2Model captures before each layer only, so L is out before vLLM 0.25.1
+    (vllm#46973 added the end-layer capture); asking for L there falls back to hooks, eager."""
+    import vllm
+    from packaging.version import Version
+
+    return kind != "deepseek_v3" or Version(vllm.__version__) >= Version("0.25.1")
+
+
 def run(ckpts, kind: str, name: str, *, env: dict | None = None, logprobs: bool = False,
         layer_ids=None, **kw) -> dict:
     key = (kind, name)
@@ -107,7 +117,10 @@ def test_states_match_hf_at_every_layer(ckpts, kind, hf_ref):
     neighbour = min(M.rel_err(full[:, k], full[:, k + 1]) for k in range(full.shape[1] - 1))
     M.record(f"hf_match:{kind}", info=r["info"], per_layer=per_layer,
              neighbour_layer_rel_min=neighbour, tol=TOL_HF[kind])
-    assert r["info"]["mode"] == "aux", r["info"]
+    if _aux_reaches_final(kind):
+        assert r["info"]["mode"] == "aux", r["info"]
+    else:  # the documented fallback: hooks, with the reason in the note
+        assert r["info"]["mode"] == "hooks" and "cannot return [4]" in r["info"]["note"], r["info"]
     assert neighbour > 3 * TOL_HF[kind]
     for k, c in per_layer.items():
         assert c["rel"] <= TOL_HF[kind], (k, c)
@@ -185,10 +198,14 @@ def test_final_state_reproduces_vllm_prompt_logprobs(ckpts, kind):
 
 def test_eager_and_compiled_cuda_graphs_agree(ckpts, kind):
     a = run(ckpts, kind, "eager", logprobs=True)
-    c = run(ckpts, kind, "compiled", enforce_eager=False)
-    assert c["info"]["enforce_eager"] is False and c["info"]["mode"] == "aux"
-    rel = {k: M.rel_err(_cat(c["samples"])[:, j], _cat(a["samples"])[:, j])
-           for j, k in enumerate(_ids(kind))}
+    ids = _ids(kind)
+    if not _aux_reaches_final(kind):
+        # the layers the compiled aux path can return on this release (all but L), compared
+        # with the same layers of the eager run (hooks there, as L was asked for)
+        ids = ids[:-1]
+    c = run(ckpts, kind, "compiled", enforce_eager=False, layer_ids=ids)
+    assert c["info"]["enforce_eager"] is False and c["info"]["mode"] == "aux", c["info"]
+    rel = {k: M.rel_err(_cat(c["samples"])[:, j], _cat(a["samples"])[:, k]) for j, k in enumerate(ids)}
     M.record(f"eager_vs_compiled:{kind}", rel=rel, runner=c["info"]["runner"],
              startup_s=c["startup_s"], extract_s=c["extract_s"])
     assert [s.index for s in c["samples"]] == list(range(len(c["prompts"])))
