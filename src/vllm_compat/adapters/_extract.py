@@ -174,10 +174,11 @@ def plan(model_path: str, cfg: Mapping[str, Any], layer_ids: Sequence[int], num_
     why = ("backend='hooks'" if backend == "hooks" else
            f"{name}'s aux path on vLLM {vllm.__version__} cannot return "
            f"{sorted(set(ids) - supported)}")
+    msg = f"{why}: capturing with forward hooks"
     if not enforce_eager:
-        msg = (f"{why}: capturing with forward hooks, which do not run under torch.compile / "
-               "CUDA graphs, so enforce_eager=True is forced")
+        msg += ", which do not run under torch.compile / CUDA graphs, so enforce_eager=True is forced"
         warnings.warn(msg, stacklevel=3)
+    if backend == "auto" or not enforce_eager:  # say why auto chose hooks, even when eager anyway
         note = (note + "; " if note else "") + msg
     return Plan("hooks", ids, (), True, name, note)
 
