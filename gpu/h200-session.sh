@@ -16,11 +16,13 @@
 # benchmark (a, b, b_sync, c, d, e) ~90-420; 0.20.2 DeepSeek/native tests ~420-750; the
 # pipeline's vLLM steps ~420-700, its draft training (3.5 min, samples on the GPU) ~750-960,
 # validate to ~990; evaluate (7 configurations: ~45 s baseline, ~85 s per EAGLE-3, ~60 s per
-# n-gram) to ~1500-1590. Poll with `status` every <= 5 min; it archives /root/sess into $OUT.
+# n-gram) to ~1500-1590. Poll with `wait` (<= 540 s per call), the next call at once; it
+# archives /root/sess into $OUT. A gap of > 30 s between calls gives the host back (4th session).
 #
 #   bash gpu/h200-session.sh target      # call 1: EAGLE-3 target training (no vLLM needed)
 #   bash gpu/h200-session.sh after-026   # last 0.26.0 chunk: bench, pipeline, evaluate
 #   bash gpu/h200-session.sh after-020   # last 0.20.2 chunk: the extraction GPU tests
+#   bash gpu/h200-session.sh wait [S]    # block until job-026.done or S s (540), then status
 #   bash gpu/h200-session.sh status      # progress
 #   bash gpu/h200-session.sh collect     # everything small into $OUT/h200-out.tar.gz
 set -u
@@ -90,6 +92,12 @@ job-020)
     -k "deepseek or native" -o faulthandler_timeout=200 > "$OUTDIR/t020.log" 2>&1
   rc=$?; echo "rc=$rc" >> "$OUTDIR/t020.log"; stamp "020 tests rc=$rc"
   touch /root/t020.done
+  ;;
+wait)
+  # block until the session's last job is done or ${2:-540} s have passed, then report:
+  # one long call instead of many short polls, so no gap between calls can release the host
+  for _ in $(seq 1 $(( ${2:-540} / 5 ))); do [ -f "$OUTDIR/job-026.done" ] && break; sleep 5; done
+  bash /root/vc/gpu/h200-session.sh status
   ;;
 status)
   bash /root/vc/gpu/h200-session.sh collect >/dev/null 2>&1 || true
