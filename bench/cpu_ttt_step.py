@@ -75,7 +75,7 @@ def step_time(M, draft, target, batch, steps):
     out = M.ttt_forward(draft, target, batch, steps, 1.0)
     out.loss.backward()
     draft.zero_grad(set_to_none=True)
-    return time.perf_counter() - t0, float(out.loss)
+    return time.perf_counter() - t0, out.loss.item()
 
 
 def main() -> None:
@@ -83,14 +83,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--before", help="git revision of the explicit form (default: found with git log -S)")
     ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=384)
+    ap.add_argument("--seq", type=int, default=1024, help="longest sample (batches pad to it)")
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--intermediate", type=int, default=1536)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--ttt-steps", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     rev = a.before or before_rev()
     sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True,
