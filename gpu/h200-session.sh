@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One H200 device session (30 min of device time) running issues #3, #4 and #7 together.
-# Corrected after the third session of 2026-11-29 (see ran-2026-11-29-s3/README.md).
+# Corrected after the third and fourth sessions of 2026-11-29 (ran-2026-11-29-s3/README.md,
+# gpu/README.md).
 # Run on the GPU host from /root/vc (a copy of src/ bench/ tests/ gpu/), after the staging
 # calls of gpu/README.md. Two vLLM releases live side by side:
 #   /tmp/site-026  vLLM 0.26.0 (staged first, moved there by `after-026`)
