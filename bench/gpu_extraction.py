@@ -21,6 +21,8 @@ One process per model; the modes run one after another, each with its own engine
      ``async_scheduling=False``): tells engine settings apart from the extractor's overhead.
   b_sync (only when named) (b) on b's engine with ``overlap_copy`` off (the blocking copy of
      each step's states that (b) used before the overlap): the overlap's gain, side by side.
+  b_ahead (only when named) (b) on b's engine with ``launch_ahead`` on: step N+1's forward
+     is launched before step N's states go back to the caller.
 
 Workloads (seeded): 128 prompts x 1024 random token ids, and 128 prompts of lengths uniform
 in 64..2048. Each is warmed up (first ``--warmup-prompts`` prompts, not timed) and timed
@@ -58,17 +60,18 @@ import gpu_models  # noqa: E402  (bench/ is not a package)
 
 SCHEMA = "vllm-compat-gpu-extraction/1"
 MODES = ("a", "b", "c", "d", "e")
-EXTRA_MODES = ("a_sync", "b_sync")  # diagnostics, only when asked for
+EXTRA_MODES = ("a_sync", "b_sync", "b_ahead")  # diagnostics, only when asked for
 # Engines in their own process first, in-process ones (CUDA in this process) last.
 # (b) right after (a): b/a is the number this benchmark exists for, and a budget cut should
 # fall on the others (the H200 run of 2026-11-29, 4th session, lost b to the budget twice).
 # c follows b/b_sync on the extractor's engine, which closes before e starts its own.
-RUN_ORDER = ("a", "b", "b_sync", "c", "e", "a_sync", "d")
+RUN_ORDER = ("a", "b", "b_ahead", "b_sync", "c", "e", "a_sync", "d")
 DESCRIPTION = {
     "a": "vLLM generate(max_tokens=1), prefill ceiling",
     "a_sync": "(a) with the extractor's engine settings: in-process, async_scheduling=False",
     "b": "vllm_compat extraction into host memory",
     "b_sync": "(b) on the same engine with overlap_copy off: a blocking device->host copy per step",
+    "b_ahead": "(b) on the same engine with launch_ahead on: the next forward runs while the caller works",
     "c": "vllm_compat extraction written to disk (ShardWriter, fsync)",
     "d": "HF transformers forward, output_hidden_states, sdpa",
     "e": "vLLM extract_hidden_states + ExampleHiddenStatesConnector",
@@ -192,7 +195,9 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
              "b/d": ("b", "d"), "b/e": ("b", "e_drained"), "b/e_returned": ("b", "e_returned"),
              "e_returned/a": ("e_returned", "a"), "e_drained/a": ("e_drained", "a"),
              "d/a": ("d", "a"), "b/a_sync": ("b", "a_sync"), "a_sync/a": ("a_sync", "a"),
-             "b_sync/a": ("b_sync", "a"), "b/b_sync": ("b", "b_sync")}
+             "b_sync/a": ("b_sync", "a"), "b/b_sync": ("b", "b_sync"),
+             "b_ahead/a": ("b_ahead", "a"), "b_ahead/b": ("b_ahead", "b"),
+             "b_ahead/e": ("b_ahead", "e_drained")}
     ratios = {k: {wl: _ratio(t(x, wl), t(y, wl)) for wl in wls} for k, (x, y) in pairs.items()}
     targets = {f"{k} >= {v}": {wl: (None if ratios[k][wl] is None else ratios[k][wl] >= v)
                                for wl in wls} for k, v in TARGETS.items()}
@@ -605,7 +610,7 @@ class Bench:
         out: dict[str, Any] = {}
         base = self.refs.get("b")
         for name, other in (("d_vs_b", "d"), ("e_vs_b", "e"), ("c_fp8_vs_b", "c_fp8"),
-                            ("d_vs_e", "d"), ("b_sync_vs_b", "b_sync")):
+                            ("d_vs_e", "d"), ("b_sync_vs_b", "b_sync"), ("b_ahead_vs_b", "b_ahead")):
             x = self.refs.get(other)
             ref = self.refs.get("e") if name == "d_vs_e" else base
             if x is None or ref is None or x.shape != ref.shape:
@@ -851,12 +856,12 @@ class Bench:
         return key not in self.refs and len(prompts) == len(self.workloads["fixed"]) \
             and prompts[0] == self.workloads["fixed"][0]
 
-    def mode_b(self, mode: str = "b", overlap_copy: bool = True) -> None:
+    def mode_b(self, mode: str = "b", overlap_copy: bool = True, launch_ahead: bool = False) -> None:
         ex = self._extractor()
         session = ex._session
         rec = self.res["modes"][mode]
         rec.update(startup_s=self.extractor_startup if mode == "b" else 0.0,
-                   extractor=self.extractor_info, overlap_copy=overlap_copy,
+                   extractor=self.extractor_info, overlap_copy=overlap_copy, launch_ahead=launch_ahead,
                    host_memory="pageable CPU tensors as the extractor yields them, all kept")
 
         def run(prompts: list[list[int]]) -> dict[str, Any]:
@@ -877,15 +882,19 @@ class Bench:
                     "phase_s": phases,  # this run's wall seconds per step() phase
                     "outside_step_s": round(dt - sum(phases.values()), 4)}
 
-        old = session.overlap_copy
+        old = session.overlap_copy, session.launch_ahead
         session.overlap_copy = overlap_copy and session._in_process_worker
+        session.launch_ahead = launch_ahead
         try:
             self.measure(mode, {mode: run})
         finally:
-            session.overlap_copy = old
+            session.overlap_copy, session.launch_ahead = old
 
     def mode_b_sync(self) -> None:
         self.mode_b("b_sync", overlap_copy=False)
+
+    def mode_b_ahead(self) -> None:
+        self.mode_b("b_ahead", launch_ahead=True)
 
     def mode_c(self) -> None:
         shared = self.extractor is not None
@@ -971,6 +980,8 @@ class Bench:
         engine = 1.1 * min(done) if done else 150.0
         if mode == "c":
             return 60.0 if self.extractor is not None else engine + 60.0
+        if mode in ("b_ahead", "b_sync") and self.extractor is not None:
+            return 30.0  # b's engine, already started
         if mode == "d":
             return 90.0
         return engine
@@ -1000,7 +1011,8 @@ class Bench:
                 print(f"[mode {mode}] FAILED: {type(e).__name__}: {e}", file=sys.stderr)
                 self.close_extractor()  # a later b/c starts on a fresh engine
             rec["wall_s"] = round(time.monotonic() - t0, 1)
-            if mode in ("b", "c") and not ({"b", "c"} & set(todo[todo.index(mode) + 1:])):
+            on_extractor = {"b", "b_ahead", "b_sync", "c"}
+            if mode in on_extractor and not (on_extractor & set(todo[todo.index(mode) + 1:])):
                 self.close_extractor()
             self.save()
         self.close_extractor()

@@ -170,6 +170,37 @@ def test_overlapped_copy_equals_blocking_copy(ckpts):
     assert rel <= 1e-3, rel
 
 
+def test_launch_ahead_equals_lockstep(ckpts):
+    """``launch_ahead`` launches step N+1 before step N's states go back; chunked, so each
+    request's chunks span consecutive steps. Then an early stop while a step is in flight:
+    abort must finish that step and leave every KV block free."""
+    kind = "llama"
+    a = run(ckpts, kind, "chunked-ahead", max_num_batched_tokens=48, launch_ahead=True)
+    b = run(ckpts, kind, "chunked-overlap", max_num_batched_tokens=48)
+    assert a["info"]["launch_ahead"] is True and b["info"]["launch_ahead"] is False
+    assert a["info"]["steps"] == b["info"]["steps"] >= 10
+    assert [s.index for s in a["samples"]] == list(range(len(a["prompts"])))
+    rel = M.rel_err(_cat(a["samples"]), _cat(b["samples"]))
+    M.record("launch_ahead_vs_lockstep:llama", rel=rel, steps=a["info"]["steps"],
+             phase_s_ahead=a["info"].get("phase_s"), phase_s_lockstep=b["info"].get("phase_s"))
+    assert rel <= 1e-3, rel
+    ps = M.prompts()
+    with HiddenStatesExtractor(ckpts[kind], layer_ids=_ids(kind), max_model_len=M.MAX_LEN,
+                               gpu_memory_utilization=0.05, dtype="bfloat16", enforce_eager=True,
+                               max_num_batched_tokens=48, launch_ahead=True, max_in_flight=2,
+                               **M.engine_kwargs()) as ex:
+        free0, total = ex.kv_blocks()
+        it = ex.extract(ps)
+        first = next(it)
+        assert ex._session._launched is not None  # the next step is in flight
+        it.close()  # early stop: aborts the rest
+        assert not ex._session.has_unfinished()
+        assert ex.kv_blocks() == (free0, total)
+        again = list(ex.extract(ps[:2]))  # the engine is usable afterwards
+    assert M.rel_err(first.hidden_states, b["samples"][0].hidden_states) <= 1e-3
+    assert M.rel_err(_cat(again), _cat(b["samples"][:2])) <= 1e-3
+
+
 def test_final_state_reproduces_vllm_prompt_logprobs(ckpts, kind):
     import transformers as tf  # noqa: F401  (HFReference needs it)
     r = run(ckpts, kind, "eager", logprobs=True)

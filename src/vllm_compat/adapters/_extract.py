@@ -499,7 +499,7 @@ class Session:
                  num_layers: int, *, backend: str = "auto", tensor_parallel_size: int = 1,
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  enforce_eager: bool = False, gpu_memory_utilization: float = 0.5,
-                 overlap_copy: bool | None = None,
+                 overlap_copy: bool | None = None, launch_ahead: bool | None = None,
                  llm_kwargs: Mapping[str, Any] | None = None) -> None:
         kw = dict(llm_kwargs or {})
         if kw.get("enable_prefix_caching"):
@@ -597,6 +597,13 @@ class Session:
         self.overlap_copy = bool(overlap_copy) and self._in_process_worker
         self._staged: HostStaging | None = None
         self.info["overlap_copy"] = self.overlap_copy
+        # Launch step N+1 before returning step N's chunks (see step()). Off by default until
+        # measured on a GPU; VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=1 (or launch_ahead=True) turns it on.
+        if launch_ahead is None:
+            launch_ahead = os.environ.get("VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD", "0") == "1"
+        self.launch_ahead = bool(launch_ahead)
+        self._launched: tuple[Any, Any] | None = None  # (scheduler output, execute_model's)
+        self.info["launch_ahead"] = self.launch_ahead
         # wall seconds per phase of step(), summed: where a slow extraction spends its time
         self.phase_s = dict.fromkeys(
             ("schedule", "execute", "handoff", "collect", "sample", "update"), 0.0)
@@ -614,14 +621,20 @@ class Session:
 
     def abort(self, req_ids: Iterable[str]) -> None:
         from vllm.v1.request import RequestStatus
+        if self._launched is not None:  # a step launched ahead: finish it, drop its states
+            so, out = self._launched
+            self._launched = None
+            self._finish(so, out)
         self.core.scheduler.finish_requests(list(req_ids), RequestStatus.FINISHED_ABORTED)
         if self._staged is not None:  # its states belong to the aborted extraction
             self._staged.discard()
             self._staged = None
 
     def has_unfinished(self) -> bool:
-        """Requests in the scheduler, or the last step's states not handed out yet."""
-        return bool(self.core.scheduler.has_unfinished_requests()) or self._staged is not None
+        """Requests in the scheduler, a step launched ahead, or the last step's states not
+        handed out yet."""
+        return (bool(self.core.scheduler.has_unfinished_requests()) or self._staged is not None
+                or self._launched is not None)
 
     def _finish_staged(self) -> dict[str, torch.Tensor]:
         st, self._staged = self._staged, None
@@ -635,27 +648,50 @@ class Session:
 
     def step(self) -> dict[str, torch.Tensor]:
         """One engine step. Returns the chunks that are ready: this step's (blocking copy) or,
-        with ``overlap_copy``, the previous step's, so the last call may schedule nothing."""
+        with ``overlap_copy``, the previous step's, so the last call may schedule nothing.
+        With ``launch_ahead`` the next step is scheduled and launched before this one's
+        chunks are returned, so the GPU computes while the caller handles them."""
         sched = self.core.scheduler
-        ph, t0 = self.phase_s, time.perf_counter()
-        if self._staged is not None and not sched.has_unfinished_requests():
-            ready = self._finish_staged()
-            ph["handoff"] += time.perf_counter() - t0
-            return ready
+        if self._launched is None:
+            if self._staged is not None and not sched.has_unfinished_requests():
+                t0 = time.perf_counter()
+                ready = self._finish_staged()
+                self.phase_s["handoff"] += time.perf_counter() - t0
+                return ready
+            self._launch()
+        so, out = self._launched
+        self._launched = None
+        chunks = self._finish(so, out)
+        if self.launch_ahead and sched.has_unfinished_requests():
+            # Prefill chunks do not depend on the token sampled at the end of a prompt, so the
+            # next step can start now. Without this the GPU idled ~20 ms of every ~83 ms step
+            # (H200, 1.1B Llama, eager: update, the caller's loop, schedule and the first
+            # launches ran between two forwards; bench/README.md, b/a 0.75).
+            self._launch()
+        return chunks
+
+    def _launch(self) -> None:
+        """Schedule one step and launch its forward (``execute_model``)."""
+        sched, ph = self.core.scheduler, self.phase_s
+        t0 = time.perf_counter()
         so = schedule(sched)
         if so.total_num_scheduled_tokens == 0:
             raise RuntimeError("the scheduler scheduled nothing while requests are pending "
                                "(KV cache too small for one prompt?)")
-        ex = self.executor
         self.num_steps += 1
         self.max_step_tokens = max(self.max_step_tokens, so.total_num_scheduled_tokens)
         t1 = time.perf_counter()
         ph["schedule"] += t1 - t0
-        out = resolve_output(ex.execute_model(so))
+        # 0.11.2+: execute_model only launches the forward (the output comes from
+        # sample_tokens); on 0.10.2 it has already finished and returns the output
+        self._launched = (so, resolve_output(self.executor.execute_model(so)))
+        ph["execute"] += time.perf_counter() - t1
+
+    def _finish(self, so: Any, out: Any) -> dict[str, torch.Tensor]:
+        """Collect, sample and update the launched step ``so``; returns the ready chunks."""
+        sched, ph, ex = self.core.scheduler, self.phase_s, self.executor
         t0 = time.perf_counter()
-        ph["execute"] += t0 - t1
         # the previous step's states, copied to the host while this step's forward runs
-        # (0.11.2+: execute_model only launches it; on 0.10.2 it has already finished)
         ready = self._finish_staged()
         t1 = time.perf_counter()
         ph["handoff"] += t1 - t0

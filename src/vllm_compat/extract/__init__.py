@@ -69,7 +69,9 @@ class HiddenStatesExtractor:
     ``tensor_parallel_size > 1`` only rank 0 hands states back (they are replicated).
     ``overlap_copy`` (TP=1; default on, ``VLLM_COMPAT_EXTRACT_OVERLAP=0`` turns it off): copy
     each step's states to the host while the next step computes, through one reused pinned
-    buffer; off: a blocking copy per step.
+    buffer; off: a blocking copy per step. ``launch_ahead`` (default off,
+    ``VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=1`` turns it on): launch each step's forward before
+    the previous step's states are handed back, so the caller's work overlaps the GPU.
     """
 
     def __init__(self, model_path: str, *, layer_ids: Sequence[int] | None = None,
@@ -77,7 +79,7 @@ class HiddenStatesExtractor:
                  max_num_batched_tokens: int | None = None, enforce_eager: bool = False,
                  gpu_memory_utilization: float = 0.5, backend: str = "auto",
                  max_in_flight: int = 64, overlap_copy: bool | None = None,
-                 **llm_kwargs: Any) -> None:
+                 launch_ahead: bool | None = None, **llm_kwargs: Any) -> None:
         self.model_path = str(model_path)
         self.config = read_model_config(self.model_path)
         self.num_layers = num_layers_from_config(self.config)
@@ -94,7 +96,7 @@ class HiddenStatesExtractor:
             tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization, overlap_copy=overlap_copy,
-            llm_kwargs=llm_kwargs)
+            launch_ahead=launch_ahead, llm_kwargs=llm_kwargs)
         mml = self._session.llm.llm_engine.model_config.max_model_len
         self._max_prompt = int(mml) - 1
         vocab = self.config.get("vocab_size") or (self.config.get("text_config") or {}).get(
