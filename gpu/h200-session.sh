@@ -7,10 +7,12 @@
 # which `collect` (also run by `status` and `wait`) archives into $OUT.
 # Order (everything timed runs alone on the GPU):
 #   target training (1 min, during the staging calls)
+#   -> the launch_ahead GPU test beside the pipeline's prepare + self-distill (fixed KV
+#      caches on both sides: vLLM's memory profiler counts other processes' allocations)
 #   -> the EAGLE-3 pipeline (prepare, self-distill, extract, draft training, export, validate)
 #   -> evaluate (7 engines: baseline, EAGLE-3 and n-gram at K = 3, 1, 5)
-#   -> the extraction benchmark (#4) in whatever device time is left: deepseek-tiny
-#      (a, b, d, e), then llama-1b (a, b, c: to disk, bf16 and FP8).
+#   -> the extraction benchmark (#4) in whatever device time is left: llama-1b (a, b,
+#      b_ahead, c: to disk, bf16 and FP8), then deepseek-tiny (a, b, b_ahead, d, e).
 # Expected (s of device time from call 1): staging ~60; target done ~90; pipeline ~90-650
 # (draft training 5 min); evaluate ~650-1150; benchmarks ~1150-1700.
 # VLLM_USE_FLASHINFER_SAMPLER=0: the first engine on a fresh host spent 143 s after the
@@ -49,6 +51,20 @@ target)
 after-026)
   stamp "0.26.0 installed"
   detach "bash /root/vc/gpu/h200-session.sh job-026" "$OUTDIR/job-026.log"
+  detach "bash /root/vc/gpu/h200-session.sh tests" "$OUTDIR/tests-job.log"
+  ;;
+tests)
+  # the launch_ahead GPU test (tiny Llama), beside the pipeline's prepare and self-distill;
+  # the draft's training waits for it (--train-after)
+  common
+  export PYTHONPATH=/tmp/site:/root/vc/src VLLM_CACHE_ROOT=/root/vllm-cache-026
+  export VLLM_COMPAT_GPU_RESULTS=$OUTDIR/gpu-results-026.jsonl
+  export VLLM_COMPAT_GPU_TEST_KV_BYTES=2147483648
+  stamp "tests start"
+  timeout 300 python3 -m pytest -m gpu -v tests/gpu/test_extract_gpu.py -k "launch_ahead" \
+    --durations=0 -o faulthandler_timeout=200 > "$OUTDIR/tests.log" 2>&1
+  rc=$?; echo "rc=$rc" >> "$OUTDIR/tests.log"; stamp "tests rc=$rc"
+  touch /root/tests.done
   ;;
 job-026)
   common
@@ -57,7 +73,8 @@ job-026)
   # 1. the EAGLE-3 draft pipeline (issue #7), alone on the GPU
   stamp "pipeline start (left $(left) s)"
   python3 -m vllm_compat.eagle3.e2e pipeline --model llama --work /root/e2e --out "$OUTDIR/e2e" \
-    --draft-minutes "${DRAFT_MINUTES:-5}" > "$OUTDIR/pipeline.log" 2>&1
+    --draft-minutes "${DRAFT_MINUTES:-5}" --engine-kwargs '{"kv_cache_memory_bytes": 8589934592}' \
+    --train-after /root/tests.done --wait-timeout 300 > "$OUTDIR/pipeline.log" 2>&1
   stamp "pipeline rc=$?"
   # 2. evaluate: timed, alone; keep ~240 s for the benchmarks and the last polls
   stamp "evaluate start (left $(left) s)"
@@ -65,7 +82,7 @@ job-026)
     --eval-budget-s $(( $(left) - 240 > 300 ? $(left) - 240 : 300 )) > "$OUTDIR/evaluate.log" 2>&1
   stamp "evaluate rc=$?"
   # 3. the benchmarks (issue #4) in what is left (60 s kept for the last collect)
-  for spec in "deepseek-tiny a,b,d,e" "llama-1b a,b,c"; do
+  for spec in "llama-1b a,b,b_ahead,c" "deepseek-tiny a,b,b_ahead,d,e"; do
     set -- $spec
     budget=$(( $(left) - 60 ))
     [ "$budget" -lt 90 ] && { stamp "bench $1 skipped (left $(left) s)"; continue; }
@@ -85,6 +102,7 @@ wait)
 status)
   bash /root/vc/gpu/h200-session.sh collect >/dev/null 2>&1 || true
   cat "$OUTDIR/timeline.txt" 2>/dev/null
+  [ -f "$OUTDIR/tests.log" ] && { echo "== tests"; grep -E "PASSED|FAILED|ERROR|passed|failed|rc=" "$OUTDIR/tests.log" | tail -8; }
   for f in target pipeline evaluate bench-deepseek-tiny bench-llama-1b; do [ -f "$OUTDIR/$f.log" ] && { echo "== $f"; grep -v "^\s*$" "$OUTDIR/$f.log" | grep -iv "warn" | tail -4 | cut -c1-300; }; done
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
   ;;
