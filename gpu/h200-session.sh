@@ -27,7 +27,7 @@
 #   bash gpu/h200-session.sh collect     # everything small into $OUT/h200-out.tar.gz
 set -u
 OUTDIR=/root/sess  # not $OUT: the device tool empties $OUT at every call
-SESSION_S=${SESSION_S:-1800}  # the session's device time; the benchmarks get what is left
+SESSION_S=${SESSION_S:-1740}  # the session's device time; the benchmarks get what is left
 mkdir -p "$OUTDIR" /root/e2e
 cd /root/vc
 common() {
@@ -73,7 +73,7 @@ job-026)
   # 1. the EAGLE-3 draft pipeline (issue #7), alone on the GPU
   stamp "pipeline start (left $(left) s)"
   python3 -m vllm_compat.eagle3.e2e pipeline --model llama --work /root/e2e --out "$OUTDIR/e2e" \
-    --draft-minutes "${DRAFT_MINUTES:-5}" --engine-kwargs '{"kv_cache_memory_bytes": 8589934592}' \
+    --draft-minutes "${DRAFT_MINUTES:-5}" --self-distill 8192 --engine-kwargs '{"kv_cache_memory_bytes": 8589934592}' \
     --train-after /root/tests.done --wait-timeout 300 > "$OUTDIR/pipeline.log" 2>&1
   stamp "pipeline rc=$?"
   # 2. evaluate: timed, alone; keep ~240 s for the benchmarks and the last polls
