@@ -6,7 +6,12 @@ every byte), sha256, then the write. This measures, side by side and interleaved
 
 - ``plain``: the shard's tensor bytes written with one ``os.write`` loop + fsync;
 - ``before``: the previous flush path: ``safetensors.torch.save`` to bytes, sha256, atomic write;
-- ``writer``: ``ShardWriter`` as it is now (header + tensor buffers streamed, no joined copy).
+- ``serial``: ``ShardWriter`` as it was before sha256 ran beside the write (its ``data.py`` is
+  read from git: the newest commit that still has ``_owning``, which copied views);
+- ``writer``: ``ShardWriter`` as it is now (header + tensor buffers streamed, no joined copy,
+  sha256 in a thread while the temporary file is written, views written as they are);
+- ``serial_views`` / ``writer_views``: the same two fed what the extractor hands out, views of
+  one host buffer per engine step (``--step-samples`` samples each).
 
     PYTHONPATH=src python bench/cpu_shard_writer.py --dir /dev/shm --mib 512 --rounds 5
 
@@ -19,8 +24,10 @@ import argparse
 import hashlib
 import json
 import os
+import importlib.util
 import shutil
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -66,8 +73,42 @@ def run_before(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int) -> 
     return n
 
 
-def run_writer(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int) -> int:
-    with ShardWriter(d / "ds", hidden_size=H, aux_layer_ids=[1, 2, 3], final_layer_id=4,
+def previous_writer() -> tuple[type, str]:
+    """``ShardWriter`` from the newest commit whose ``data.py`` still has ``_owning``."""
+    repo = Path(__file__).resolve().parent.parent
+    rel = "src/vllm_compat/eagle3/data.py"
+    revs = subprocess.run(["git", "-C", str(repo), "log", "--format=%H", "--", rel],
+                          capture_output=True, text=True, check=True).stdout.split()
+    for rev in revs:
+        src = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{rel}"],
+                             capture_output=True, text=True, check=True).stdout
+        if "def _owning(" in src:
+            name = "vllm_compat.eagle3._data_serial"  # in the package: its relative imports resolve
+            spec = importlib.util.spec_from_loader(name, loader=None)
+            mod = importlib.util.module_from_spec(spec)
+            mod.__package__ = "vllm_compat.eagle3"
+            exec(compile(src, f"{rev[:10]}:{rel}", "exec"), mod.__dict__)
+            return mod.ShardWriter, rev
+    raise RuntimeError("no commit with the serial ShardWriter found")
+
+
+def as_views(data: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, torch.Tensor]]:
+    """The same samples, their hidden states views of one buffer per ``step`` samples."""
+    out = []
+    for k in range(0, len(data), step):
+        group = data[k:k + step]
+        buf = torch.cat([s["hidden_states"] for s in group])
+        off = 0
+        for s in group:
+            n = s["hidden_states"].shape[0]
+            out.append(dict(s, hidden_states=buf[off:off + n]))
+            off += n
+    return out
+
+
+def run_writer(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int,
+               cls: type = ShardWriter) -> int:
+    with cls(d / "ds", hidden_size=H, aux_layer_ids=[1, 2, 3], final_layer_id=4,
                      dtype=torch.bfloat16, samples_per_shard=per_shard) as w:
         for s in data:
             w.add(s)
@@ -80,16 +121,22 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--samples-per-shard", type=int, default=8)
+    ap.add_argument("--step-samples", type=int, default=16, help="samples per engine-step buffer (views)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_shard_writer.json"))
     a = ap.parse_args()
     data = samples(a.mib)
+    views = as_views(data, a.step_samples)
+    serial_cls, serial_rev = previous_writer()
     root = Path(a.dir) / "vllm-compat-shard-bench"
-    runs: dict[str, list[dict[str, float]]] = {"plain": [], "before": [], "writer": []}
     fns = {"plain": lambda d: run_plain(d, data),
            "before": lambda d: run_before(d, data, a.samples_per_shard),
-           "writer": lambda d: run_writer(d, data, a.samples_per_shard)}
+           "serial": lambda d: run_writer(d, data, a.samples_per_shard, serial_cls),
+           "writer": lambda d: run_writer(d, data, a.samples_per_shard),
+           "serial_views": lambda d: run_writer(d, views, a.samples_per_shard, serial_cls),
+           "writer_views": lambda d: run_writer(d, views, a.samples_per_shard)}
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in fns}
     for r in range(a.rounds):
-        order = list(fns)[r % 3:] + list(fns)[: r % 3]  # rotate: no variant always goes first
+        order = list(fns)[r % len(fns):] + list(fns)[: r % len(fns)]  # rotate: none always first
         for name in order:
             shutil.rmtree(root, ignore_errors=True)
             root.mkdir(parents=True)
@@ -100,14 +147,18 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(x["MB_s"] for x in v) for k, v in runs.items()}
     res = {"dir": a.dir, "mib": a.mib, "rounds": a.rounds, "samples_per_shard": a.samples_per_shard,
+           "step_samples": a.step_samples, "serial_from": serial_rev, "cpus": os.cpu_count(),
            "torch": torch.__version__, "loadavg": os.getloadavg(), "runs": runs, "median_MB_s": med,
            "writer_vs_plain": round(med["writer"] / med["plain"], 3),
            "before_vs_plain": round(med["before"] / med["plain"], 3),
-           "writer_vs_before": round(med["writer"] / med["before"], 3)}
+           "writer_vs_before": round(med["writer"] / med["before"], 3),
+           "writer_vs_serial": round(med["writer"] / med["serial"], 3),
+           "writer_views_vs_serial_views": round(med["writer_views"] / med["serial_views"], 3)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
     print(json.dumps({k: res[k] for k in ("median_MB_s", "writer_vs_plain", "before_vs_plain",
-                                          "writer_vs_before", "loadavg")}))
+                                          "writer_vs_before", "writer_vs_serial",
+                                          "writer_views_vs_serial_views", "loadavg")}))
 
 
 if __name__ == "__main__":

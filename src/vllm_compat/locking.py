@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import VllmCompatError
 
@@ -222,12 +222,14 @@ def _coalesced(chunks: Any) -> Any:
         yield memoryview(bytes(small))
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: Any) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: Any,
+                       before_rename: Callable[[], None] | None = None) -> None:
     """Make ``path`` hold ``data`` (bytes, or a sequence of byte buffers written one after the
     other, so large tensors need not be joined into one copy first): written to
     ``<path>.tmp``, fsynced, renamed over ``path``, then the directory fsynced. A crash leaves
     either the old file (or none) or the new one, never a partial file under ``path`` (a
-    partial ``<path>.tmp`` may remain)."""
+    partial ``<path>.tmp`` may remain). ``before_rename`` runs once the temporary file is
+    durable and before it is renamed (a shard's manifest intent, see ``ShardWriter``)."""
     path = Path(path)
     tmp = path.with_name(path.name + TMP_SUFFIX)
     chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
@@ -243,5 +245,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: Any) -> None:
             os.unlink(tmp)
         raise
     os.close(fd)
+    if before_rename is not None:
+        try:
+            before_rename()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     os.replace(tmp, path)
     _fsync_dir(path.parent)

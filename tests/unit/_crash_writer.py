@@ -51,9 +51,11 @@ def write_dataset(directory: str) -> None:
             w.add(sample(i))
 
 
-def write_in_place(path: str | os.PathLike[str], payload) -> None:
+def write_in_place(path: str | os.PathLike[str], payload, before_rename=None) -> None:
     """The naive writer: straight into the final name (bytes or a list of buffers, like
-    ``atomic_write_bytes``)."""
+    ``atomic_write_bytes``; its ``before_rename`` hook, the shard's intent, runs first)."""
+    if before_rename is not None:
+        before_rename()
     chunks = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:

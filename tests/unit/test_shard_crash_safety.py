@@ -29,7 +29,7 @@ import torch
 from vllm_compat.eagle3.data import MANIFEST, DatasetFormatError, HiddenStatesDataset, read_manifest
 
 KILLS = 30
-# A seeded schedule whose kills land in all five dangerous windows (the test asserts it; when
+# A seeded schedule whose kills land in all six dangerous windows (the test asserts it; when
 # the writer's call sequence changes, a seed may stop covering one: pick another).
 SEED = int(os.environ.get("VC_CRASH_SEED", "3"))
 MAX_KILL_AT = 40  # calls into a life; committing a shard takes ~27 calls (a full run: ~400)
@@ -147,8 +147,13 @@ def windows(events: list[str]) -> set[str]:
     found = set()
     if nxt.startswith("write shard") and prev.startswith("write shard"):
         found.add("mid shard write")
-    if nxt.startswith("replace shard"):
+    # the shard's .tmp is complete and durable, not yet renamed: since 2026-11-29 the intent is
+    # recorded in this window (its sha256 is computed beside the write)
+    shard_events = [i for i, e in enumerate(events[:-1]) if e.split(" ")[1:2] and e.split(" ")[1].startswith("shard-")]
+    if shard_events and events[shard_events[-1]].startswith("fsync shard"):
         found.add("shard written, not renamed")
+        if not any(e.startswith("replace manifest") for e in events[shard_events[-1]:-1]):
+            found.add("shard written, intent not recorded")
     renamed = [i for i, e in enumerate(events[:-1]) if e.startswith("replace shard")]
     if renamed and not any(e.startswith("replace manifest") for e in events[renamed[-1]:-1]):
         found.add("shard renamed, manifest not committed")
@@ -159,8 +164,8 @@ def windows(events: list[str]) -> set[str]:
     return found
 
 
-ALL_WINDOWS = {"mid shard write", "shard written, not renamed", "shard renamed, manifest not committed",
-               "mid manifest write", "manifest written, not renamed"}
+ALL_WINDOWS = {"mid shard write", "shard written, intent not recorded", "shard written, not renamed",
+               "shard renamed, manifest not committed", "mid manifest write", "manifest written, not renamed"}
 
 
 def kill_schedule(n: int) -> list[int]:
