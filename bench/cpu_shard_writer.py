@@ -28,6 +28,7 @@ import importlib.util
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -87,6 +88,7 @@ def previous_writer() -> tuple[type, str]:
             spec = importlib.util.spec_from_loader(name, loader=None)
             mod = importlib.util.module_from_spec(spec)
             mod.__package__ = "vllm_compat.eagle3"
+            sys.modules[name] = mod  # dataclasses look their module up there
             exec(compile(src, f"{rev[:10]}:{rel}", "exec"), mod.__dict__)
             return mod.ShardWriter, rev
     raise RuntimeError("no commit with the serial ShardWriter found")

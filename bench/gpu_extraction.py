@@ -856,12 +856,12 @@ class Bench:
         return key not in self.refs and len(prompts) == len(self.workloads["fixed"]) \
             and prompts[0] == self.workloads["fixed"][0]
 
-    def mode_b(self, mode: str = "b", overlap_copy: bool = True, launch_ahead: bool = False) -> None:
+    def mode_b(self, mode: str = "b", overlap_copy: bool = True, launch_ahead: bool | None = None) -> None:
         ex = self._extractor()
         session = ex._session
         rec = self.res["modes"][mode]
         rec.update(startup_s=self.extractor_startup if mode == "b" else 0.0,
-                   extractor=self.extractor_info, overlap_copy=overlap_copy, launch_ahead=launch_ahead,
+                   extractor=self.extractor_info, overlap_copy=overlap_copy,
                    host_memory="pageable CPU tensors as the extractor yields them, all kept")
 
         def run(prompts: list[list[int]]) -> dict[str, Any]:
@@ -884,7 +884,9 @@ class Bench:
 
         old = session.overlap_copy, session.launch_ahead
         session.overlap_copy = overlap_copy and session._in_process_worker
-        session.launch_ahead = launch_ahead
+        if launch_ahead is not None:  # None: the extractor's default
+            session.launch_ahead = launch_ahead
+        rec["launch_ahead"] = session.launch_ahead
         try:
             self.measure(mode, {mode: run})
         finally:

@@ -93,6 +93,23 @@ job-026)
   done
   touch "$OUTDIR/job-026.done"
   ;;
+lease2)
+  # a second, short lease (5th session): the disk path (c) again after the writer change, and
+  # (b) with launch_ahead on by default; then the launch_ahead GPU test
+  [ -f "$OUTDIR/t0" ] || date +%s > "$OUTDIR/t0"
+  detach "SESSION_S=${SESSION_S} bash /root/vc/gpu/h200-session.sh job-lease2" "$OUTDIR/job-lease2.log"
+  ;;
+job-lease2)
+  common
+  export PYTHONPATH=/tmp/site:/root/vc/src VLLM_CACHE_ROOT=/root/vllm-cache-026
+  export VLLM_COMPAT_GPU_RESULTS=$OUTDIR/gpu-results-026.jsonl
+  budget=$(( $(left) - 40 ))
+  stamp "bench llama-1b start (budget $budget s)"
+  timeout $(( budget + 20 )) python3 bench/gpu_extraction.py --model llama-1b --out "$OUTDIR/bench" \
+    --modes a,b,c --enforce-eager --time-budget-s "$budget" > "$OUTDIR/bench-llama-1b.log" 2>&1
+  stamp "bench llama-1b rc=$?"
+  touch "$OUTDIR/job-026.done"
+  ;;
 wait)
   # block until the session's last job is done or ${2:-540} s have passed, then report:
   # one long call instead of many short polls, so no gap between calls can release the host

@@ -176,7 +176,7 @@ def test_launch_ahead_equals_lockstep(ckpts):
     abort must finish that step and leave every KV block free."""
     kind = "llama"
     a = run(ckpts, kind, "chunked-ahead", max_num_batched_tokens=48, launch_ahead=True)
-    b = run(ckpts, kind, "chunked-overlap", max_num_batched_tokens=48)
+    b = run(ckpts, kind, "chunked-lockstep", max_num_batched_tokens=48, launch_ahead=False)
     assert a["info"]["launch_ahead"] is True and b["info"]["launch_ahead"] is False
     assert a["info"]["steps"] == b["info"]["steps"] >= 10
     assert [s.index for s in a["samples"]] == list(range(len(a["prompts"])))

@@ -597,10 +597,13 @@ class Session:
         self.overlap_copy = bool(overlap_copy) and self._in_process_worker
         self._staged: HostStaging | None = None
         self.info["overlap_copy"] = self.overlap_copy
-        # Launch step N+1 before returning step N's chunks (see step()). Off by default until
-        # measured on a GPU; VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=1 (or launch_ahead=True) turns it on.
+        # Launch step N+1 before returning step N's chunks (see step()). On by default at TP=1,
+        # where it was measured (H200, vLLM 0.26.0, eager: 1.09-1.10x the lockstep loop on the
+        # 1.1B Llama, the same states, results/2026-11-29-h200-5); TP > 1 keeps the lockstep
+        # loop unless asked. VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=0/1 (or launch_ahead=) decides.
         if launch_ahead is None:
-            launch_ahead = os.environ.get("VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD", "0") == "1"
+            env = os.environ.get("VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD")
+            launch_ahead = self._in_process_worker if env is None else env == "1"
         self.launch_ahead = bool(launch_ahead)
         self._launched: tuple[Any, Any] | None = None  # (scheduler output, execute_model's)
         self.info["launch_ahead"] = self.launch_ahead

@@ -69,9 +69,9 @@ class HiddenStatesExtractor:
     ``tensor_parallel_size > 1`` only rank 0 hands states back (they are replicated).
     ``overlap_copy`` (TP=1; default on, ``VLLM_COMPAT_EXTRACT_OVERLAP=0`` turns it off): copy
     each step's states to the host while the next step computes, through one reused pinned
-    buffer; off: a blocking copy per step. ``launch_ahead`` (default off,
-    ``VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=1`` turns it on): launch each step's forward before
-    the previous step's states are handed back, so the caller's work overlaps the GPU.
+    buffer; off: a blocking copy per step. ``launch_ahead`` (default on at TP=1, off above;
+    ``VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=0/1`` decides): launch each step's forward before the
+    previous step's states are handed back, so the caller's work overlaps the GPU.
     """
 
     def __init__(self, model_path: str, *, layer_ids: Sequence[int] | None = None,
