@@ -493,9 +493,9 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
     sd_rows: list[dict[str, Any]] = []
     n_sd = a.self_distill if a.self_distill is not None else (
         # the 2026-11-29 runs' 1024 and 4096 left the draft behind n-gram on the target's
-        # looping continuations (docs/eagle3-results.md). 6144 since the draft's samples live
-        # on the GPU: more steps per minute, so more distinct data to go with them
-        6144 if a.model == "llama" and a.extract_backend == "vllm" else 0)
+        # looping continuations (docs/eagle3-results.md). 8192 (run 4, with 5 min of
+        # training at 11.4 steps/s): more steps need more distinct data to go with them
+        8192 if a.model == "llama" and a.extract_backend == "vllm" else 0)
     if n_sd:
         with rec.step("self_distill") as r:
             sd_rows, info = self_distill(target, rows, n_sd, a.sd_prompt_len, a.sd_max_tokens,
@@ -632,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-records", type=int, default=3000, help="training chunks used (seeded random subset)")
     g.add_argument("--self-distill", type=int, metavar="N",
                    help="also train on the target's greedy continuations of N training prompts (vLLM); "
-                        "default 6144 for llama with the vllm backend, else 0")
+                        "default 8192 for llama with the vllm backend, else 0")
     g.add_argument("--sd-prompt-len", type=int, default=64)
     g.add_argument("--sd-max-tokens", type=int, default=448)
     g.add_argument("--extract-backend", choices=("vllm", "transformers"), default="vllm")
@@ -643,9 +643,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--aux-layer-ids", type=int, nargs="+",
                    help="default: (2, L//2, L-3) for L >= 8 layers, else the last three of 1..L-1")
     g.add_argument("--draft-vocab-size", type=int, help="default: the target's (full vocabulary, no d2t)")
-    g.add_argument("--draft-minutes", type=float, default=3.5,
+    g.add_argument("--draft-minutes", type=float, default=5.0,
                    help="wall clock of the draft's training, reading its samples onto the GPU and "
-                        "calibration included (2026-11-29: 613 and 908 steps under-trained it)")
+                        "calibration included (2026-11-29: 613, 908 and 1577 steps under-trained "
+                        "it; 5 min gave 3059 steps and beat n-gram, run 4)")
     g.add_argument("--draft-steps", type=int, help="a step count instead of --draft-minutes")
     g.add_argument("--train-after", metavar="FILE",
                    help="start the draft's training once FILE exists (at most --wait-timeout s): "
