@@ -978,8 +978,10 @@ class Bench:
         done = [m.get("wall_s", 0) for k, m in self.res["modes"].items()
                 if k in ("a", "e", "a_sync", "b") and m.get("status") == "ok"]
         # min, not max: a fresh host's first engine also pays one-time JIT builds (FlashInfer;
-        # 2026-11-29: 177 and 202 s against 31-54 s for the engines after it)
-        engine = 1.1 * min(done) if done else 150.0
+        # 2026-11-29: 177 and 202 s against 31-54 s for the engines after it). 75 s before any
+        # engine ran: with VLLM_USE_FLASHINFER_SAMPLER=0 the first one started in 16-35 s (5th
+        # session), and the old 150 s guess skipped every mode of a 128 s budget
+        engine = 1.1 * min(done) if done else 75.0
         if mode == "c":
             return 60.0 if self.extractor is not None else engine + 60.0
         if mode in ("b_ahead", "b_sync") and self.extractor is not None:
