@@ -22,6 +22,7 @@
 #
 #   bash gpu/h200-session.sh target      # call 1: EAGLE-3 target training (no vLLM needed)
 #   bash gpu/h200-session.sh after-026   # last staging call: pipeline, evaluate, benchmarks
+#   bash gpu/h200-session.sh bench-all   # instead of the two above: issue #4's benchmarks only
 #   bash gpu/h200-session.sh wait [S]    # block until job-026.done or S s (540), then status
 #   bash gpu/h200-session.sh status      # progress
 #   bash gpu/h200-session.sh collect     # everything small into $OUT/h200-out.tar.gz
@@ -110,6 +111,26 @@ job-lease2)
   stamp "bench llama-1b rc=$?"
   touch "$OUTDIR/job-026.done"
   ;;
+bench-all)
+  # issue #4 alone (for a session without #7): every mode of every model in one run per model,
+  # the 8B last, in the session's time (call 1 writes t0 as `target` does; no target here)
+  [ -f "$OUTDIR/t0" ] || date +%s > "$OUTDIR/t0"
+  detach "bash /root/vc/gpu/h200-session.sh job-bench-all" "$OUTDIR/job-bench-all.log"
+  ;;
+job-bench-all)
+  common
+  export PYTHONPATH=/tmp/site:/root/vc/src VLLM_CACHE_ROOT=/root/vllm-cache-026
+  for spec in "llama-1b a,b,b_sync,c,e,d" "deepseek-tiny a,b,c,e,d" "llama-8b a,b,c,e,d"; do
+    set -- $spec
+    budget=$(( $(left) - 60 ))
+    [ "$budget" -lt 120 ] && { stamp "bench $1 skipped (left $(left) s)"; continue; }
+    stamp "bench $1 start (budget $budget s)"
+    timeout $(( budget + 30 )) python3 bench/gpu_extraction.py --model "$1" --out "$OUTDIR/bench" \
+      --modes "$2" --enforce-eager --time-budget-s "$budget" > "$OUTDIR/bench-$1.log" 2>&1
+    stamp "bench $1 rc=$?"
+  done
+  touch "$OUTDIR/job-026.done"
+  ;;
 wait)
   # block until the session's last job is done or ${2:-540} s have passed, then report:
   # one long call instead of many short polls, so no gap between calls can release the host
@@ -120,7 +141,7 @@ status)
   bash /root/vc/gpu/h200-session.sh collect >/dev/null 2>&1 || true
   cat "$OUTDIR/timeline.txt" 2>/dev/null
   [ -f "$OUTDIR/tests.log" ] && { echo "== tests"; grep -E "PASSED|FAILED|ERROR|passed|failed|rc=" "$OUTDIR/tests.log" | tail -8; }
-  for f in target pipeline evaluate bench-deepseek-tiny bench-llama-1b; do [ -f "$OUTDIR/$f.log" ] && { echo "== $f"; grep -v "^\s*$" "$OUTDIR/$f.log" | grep -iv "warn" | tail -4 | cut -c1-300; }; done
+  for f in target pipeline evaluate bench-deepseek-tiny bench-llama-1b bench-llama-8b; do [ -f "$OUTDIR/$f.log" ] && { echo "== $f"; grep -v "^\s*$" "$OUTDIR/$f.log" | grep -iv "warn" | tail -4 | cut -c1-300; }; done
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
   ;;
 collect)
