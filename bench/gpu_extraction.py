@@ -225,10 +225,12 @@ def fp8_encode(hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``x ~= q.float() * scale``: relative error <= 2^-4 for |x| >= 2^-6 * scale (normal
     range), absolute <= 2^-10 * scale below it (subnormals), plus the bf16 input's rounding.
     """
-    x = hs.float()
-    amax = x.abs().amax(dim=(0, 2))
+    # amax on the input dtype (|x| of a bf16 is a bf16: exact) and the division promoting
+    # to float32 in one pass: the same bytes as going through hs.float() first, 1.45x
+    # faster on the CPU (the H200 run's writer thread spent 1.1-1.7 s per GB encoding)
+    amax = hs.abs().amax(dim=(0, 2)).float()
     scale = (amax / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    q = (x / scale[None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    q = (hs / scale[None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q, scale
 
 

@@ -199,6 +199,19 @@ def test_fp8_round_trip_error_bound():
     assert ge.fp8_decode(q, scale).dtype == torch.bfloat16
 
 
+def test_fp8_encode_equals_the_float32_formula_bit_for_bit():
+    """The one-pass encode gives the bytes of the explicit float32 form (outliers, values far
+    below a layer's normal range and an all-zero layer included)."""
+    x = _states()
+    x[:, 2] = 0
+    xf = x.float()
+    scale = (xf.abs().amax(dim=(0, 2)) / ge.FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    want = (xf / scale[None, :, None]).clamp(-ge.FP8_MAX, ge.FP8_MAX).to(torch.float8_e4m3fn)
+    q, got_scale = ge.fp8_encode(x)
+    assert torch.equal(got_scale, scale)
+    assert torch.equal(q.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_fp8_of_an_all_zero_layer_is_zero_not_nan():
     x = _states()
     x[:, 2] = 0
