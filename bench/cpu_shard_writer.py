@@ -7,7 +7,7 @@ every byte), sha256, then the write. This measures, side by side and interleaved
 - ``plain``: the shard's tensor bytes written with one ``os.write`` loop + fsync;
 - ``before``: the previous flush path: ``safetensors.torch.save`` to bytes, sha256, atomic write;
 - ``serial``: ``ShardWriter`` as it was before sha256 ran beside the write (its ``data.py`` is
-  read from git: the newest commit that still has ``_owning``, which copied views);
+  read from git: the parent of the commit that removed ``_owning``, which copied views);
 - ``writer``: ``ShardWriter`` as it is now (header + tensor buffers streamed, no joined copy,
   sha256 in a thread while the temporary file is written, views written as they are);
 - ``serial_views`` / ``writer_views``: the same two fed what the extractor hands out, views of
@@ -24,10 +24,8 @@ import argparse
 import hashlib
 import json
 import os
-import importlib.util
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +34,11 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from vllm_compat.eagle3.data import ShardWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from git_history import before_change, full_sha, module_at  # noqa: E402  (bench/ is not a package)
+
+DATA = "src/vllm_compat/eagle3/data.py"
 from vllm_compat.locking import atomic_write_bytes
 
 H, LAYERS, T = 2048, 4, 1024  # the 1.1B Llama's 4 captured layers, 1024-token samples
@@ -75,23 +78,13 @@ def run_before(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int) -> 
 
 
 def previous_writer() -> tuple[type, str]:
-    """``ShardWriter`` from the newest commit whose ``data.py`` still has ``_owning``."""
-    repo = Path(__file__).resolve().parent.parent
-    rel = "src/vllm_compat/eagle3/data.py"
-    revs = subprocess.run(["git", "-C", str(repo), "log", "--format=%H", "--", rel],
-                          capture_output=True, text=True, check=True).stdout.split()
-    for rev in revs:
-        src = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{rel}"],
-                             capture_output=True, text=True, check=True).stdout
-        if "def _owning(" in src:
-            name = "vllm_compat.eagle3._data_serial"  # in the package: its relative imports resolve
-            spec = importlib.util.spec_from_loader(name, loader=None)
-            mod = importlib.util.module_from_spec(spec)
-            mod.__package__ = "vllm_compat.eagle3"
-            sys.modules[name] = mod  # dataclasses look their module up there
-            exec(compile(src, f"{rev[:10]}:{rel}", "exec"), mod.__dict__)
-            return mod.ShardWriter, rev
-    raise RuntimeError("no commit with the serial ShardWriter found")
+    """``ShardWriter`` just before the change that removed ``_owning`` (it copied views, and
+    hashed before writing)."""
+    rev = before_change("def _owning(", DATA)
+    if rev is None:
+        raise SystemExit("no commit with the serial ShardWriter in this clone's history")
+    mod = module_at(rev, DATA, "vllm_compat.eagle3._data_serial", package="vllm_compat.eagle3")
+    return mod.ShardWriter, full_sha(rev)
 
 
 def as_views(data: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, torch.Tensor]]:

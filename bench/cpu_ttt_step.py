@@ -15,41 +15,27 @@ is copied here. This is a CPU measurement: it shows the work saved, not the GPU'
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from git_history import ROOT, before_change, full_sha, module_at  # noqa: E402  (bench/ is not a package)
+
 MODEL = "src/vllm_compat/eagle3/model.py"
 
 
 def before_rev() -> str:
     """The parent of the commit that brought the fused attention (``ttt_attention_mask``)."""
-    out = subprocess.run(["git", "log", "--format=%H", "-S", "def ttt_attention_mask", "--", MODEL],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    if not out:
+    rev = before_change("def ttt_attention_mask", MODEL)
+    if rev is None:
         raise SystemExit("the fused attention is not committed yet: pass --before REV")
-    return out[-1] + "~1"
-
-
-def load_model_module(rev: str, name: str):
-    src = subprocess.run(["git", "show", f"{rev}:{MODEL}"], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout
-    path = Path(tempfile.mkdtemp()) / f"{name}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look the module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
+    return rev
 
 
 def setup(M, a, seed=0):
@@ -93,11 +79,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     rev = a.before or before_rev()
-    sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    sha = full_sha(rev)
     from vllm_compat.eagle3 import model as after
 
-    mods = {"before": load_model_module(rev, "ttt_model_before"), "after": after}
+    mods = {"before": module_at(rev, MODEL, "ttt_model_before"), "after": after}
     built = {k: setup(M, a) for k, M in mods.items()}
     # same weights in both (the modules are distinct classes with the same parameter names)
     built["after"][0].load_state_dict(built["before"][0].state_dict())

@@ -39,6 +39,20 @@ stamp() { echo "$(date +%H:%M:%S) $*" >> "$OUTDIR/timeline.txt"; }
 detach() { setsid nohup bash -c "$1" > "$2" 2>&1 < /dev/null & }
 # seconds of the session left, counted from call 1 (its start is in $OUTDIR/t0)
 left() { echo $(( SESSION_S - ($(date +%s) - $(cat "$OUTDIR/t0")) )); }
+# benchmarks "MODEL MODES" ...: one bench/gpu_extraction.py run per model (eager), each given
+# the session's time left minus 60 s for the last collect; skipped under 90 s
+benchmarks() {
+  local spec budget
+  for spec in "$@"; do
+    set -- $spec
+    budget=$(( $(left) - 60 ))
+    [ "$budget" -lt 90 ] && { stamp "bench $1 skipped (left $(left) s)"; continue; }
+    stamp "bench $1 start (budget $budget s)"
+    timeout $(( budget + 30 )) python3 bench/gpu_extraction.py --model "$1" --out "$OUTDIR/bench" \
+      --modes "$2" --enforce-eager --time-budget-s "$budget" > "$OUTDIR/bench-$1.log" 2>&1
+    stamp "bench $1 rc=$?"
+  done
+}
 
 case "${1:-}" in
 target)
@@ -83,32 +97,7 @@ job-026)
     --eval-budget-s $(( $(left) - 240 > 300 ? $(left) - 240 : 300 )) > "$OUTDIR/evaluate.log" 2>&1
   stamp "evaluate rc=$?"
   # 3. the benchmarks (issue #4) in what is left (60 s kept for the last collect)
-  for spec in "llama-1b a,b,b_ahead,c" "deepseek-tiny a,b,b_ahead,d,e"; do
-    set -- $spec
-    budget=$(( $(left) - 60 ))
-    [ "$budget" -lt 90 ] && { stamp "bench $1 skipped (left $(left) s)"; continue; }
-    stamp "bench $1 start (budget $budget s)"
-    timeout $(( budget + 30 )) python3 bench/gpu_extraction.py --model "$1" --out "$OUTDIR/bench" \
-      --modes "$2" --enforce-eager --time-budget-s "$budget" > "$OUTDIR/bench-$1.log" 2>&1
-    stamp "bench $1 rc=$?"
-  done
-  touch "$OUTDIR/job-026.done"
-  ;;
-lease2)
-  # a second, short lease (5th session): the disk path (c) again after the writer change, and
-  # (b) with launch_ahead on by default; then the launch_ahead GPU test
-  [ -f "$OUTDIR/t0" ] || date +%s > "$OUTDIR/t0"
-  detach "SESSION_S=${SESSION_S} bash /root/vc/gpu/h200-session.sh job-lease2" "$OUTDIR/job-lease2.log"
-  ;;
-job-lease2)
-  common
-  export PYTHONPATH=/tmp/site:/root/vc/src VLLM_CACHE_ROOT=/root/vllm-cache-026
-  export VLLM_COMPAT_GPU_RESULTS=$OUTDIR/gpu-results-026.jsonl
-  budget=$(( $(left) - 40 ))
-  stamp "bench llama-1b start (budget $budget s)"
-  timeout $(( budget + 20 )) python3 bench/gpu_extraction.py --model llama-1b --out "$OUTDIR/bench" \
-    --modes a,b,c --enforce-eager --time-budget-s "$budget" > "$OUTDIR/bench-llama-1b.log" 2>&1
-  stamp "bench llama-1b rc=$?"
+  benchmarks "llama-1b a,b,b_ahead,c" "deepseek-tiny a,b,b_ahead,d,e"
   touch "$OUTDIR/job-026.done"
   ;;
 bench-all)
@@ -120,15 +109,7 @@ bench-all)
 job-bench-all)
   common
   export PYTHONPATH=/tmp/site:/root/vc/src VLLM_CACHE_ROOT=/root/vllm-cache-026
-  for spec in "llama-1b a,b,b_sync,c,e,d" "deepseek-tiny a,b,c,e,d" "llama-8b a,b,c,e,d"; do
-    set -- $spec
-    budget=$(( $(left) - 60 ))
-    [ "$budget" -lt 120 ] && { stamp "bench $1 skipped (left $(left) s)"; continue; }
-    stamp "bench $1 start (budget $budget s)"
-    timeout $(( budget + 30 )) python3 bench/gpu_extraction.py --model "$1" --out "$OUTDIR/bench" \
-      --modes "$2" --enforce-eager --time-budget-s "$budget" > "$OUTDIR/bench-$1.log" 2>&1
-    stamp "bench $1 rc=$?"
-  done
+  benchmarks "llama-1b a,b,b_sync,c,e,d" "deepseek-tiny a,b,c,e,d" "llama-8b a,b,c,e,d"
   touch "$OUTDIR/job-026.done"
   ;;
 wait)

@@ -154,6 +154,17 @@ def test_chunked_prefill_equals_unchunked(ckpts, kind):
     assert max(rel.values()) <= TOL_SAME, rel
 
 
+def _assert_same_chunked_run(a: dict, b: dict, name: str) -> None:
+    """Two chunked runs of one engine setting against another: the same step count (really
+    chunked), input order kept, the same states (rel <= 1e-3); recorded under ``name``."""
+    assert a["info"]["steps"] == b["info"]["steps"] >= 10
+    assert [s.index for s in a["samples"]] == list(range(len(a["prompts"])))
+    rel = M.rel_err(_cat(a["samples"]), _cat(b["samples"]))
+    M.record(name, rel=rel, steps=a["info"]["steps"], phase_s=a["info"].get("phase_s"),
+             phase_s_reference=b["info"].get("phase_s"))
+    assert rel <= 1e-3, rel
+
+
 def test_overlapped_copy_equals_blocking_copy(ckpts):
     """The default hands each step's states over one step late (HostStaging: pinned buffer,
     side-stream copy); the blocking copy is the reference. Chunked, so one request's chunks
@@ -162,12 +173,7 @@ def test_overlapped_copy_equals_blocking_copy(ckpts):
     a = run(ckpts, kind, "chunked-overlap", max_num_batched_tokens=48)
     b = run(ckpts, kind, "chunked-blocking", max_num_batched_tokens=48, overlap_copy=False)
     assert a["info"]["overlap_copy"] is True and b["info"]["overlap_copy"] is False
-    assert a["info"]["steps"] == b["info"]["steps"] >= 10
-    assert [s.index for s in a["samples"]] == list(range(len(a["prompts"])))
-    rel = M.rel_err(_cat(a["samples"]), _cat(b["samples"]))
-    M.record("overlap_vs_blocking:llama", rel=rel, steps=a["info"]["steps"],
-             phase_s_overlap=a["info"].get("phase_s"), phase_s_blocking=b["info"].get("phase_s"))
-    assert rel <= 1e-3, rel
+    _assert_same_chunked_run(a, b, "overlap_vs_blocking:llama")
 
 
 def test_launch_ahead_equals_lockstep(ckpts):
@@ -178,12 +184,7 @@ def test_launch_ahead_equals_lockstep(ckpts):
     a = run(ckpts, kind, "chunked-ahead", max_num_batched_tokens=48, launch_ahead=True)
     b = run(ckpts, kind, "chunked-lockstep", max_num_batched_tokens=48, launch_ahead=False)
     assert a["info"]["launch_ahead"] is True and b["info"]["launch_ahead"] is False
-    assert a["info"]["steps"] == b["info"]["steps"] >= 10
-    assert [s.index for s in a["samples"]] == list(range(len(a["prompts"])))
-    rel = M.rel_err(_cat(a["samples"]), _cat(b["samples"]))
-    M.record("launch_ahead_vs_lockstep:llama", rel=rel, steps=a["info"]["steps"],
-             phase_s_ahead=a["info"].get("phase_s"), phase_s_lockstep=b["info"].get("phase_s"))
-    assert rel <= 1e-3, rel
+    _assert_same_chunked_run(a, b, "launch_ahead_vs_lockstep:llama")
     ps = M.prompts()
     with HiddenStatesExtractor(ckpts[kind], layer_ids=_ids(kind), max_model_len=M.MAX_LEN,
                                gpu_memory_utilization=0.05, dtype="bfloat16", enforce_eager=True,

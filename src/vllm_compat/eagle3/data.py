@@ -30,12 +30,12 @@ unpickled: tensors go through safetensors.
 from __future__ import annotations
 
 import hashlib
-import threading
 import json
 import logging
 import os
 import re
 import struct
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
