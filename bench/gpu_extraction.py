@@ -21,11 +21,13 @@ One process per model; the modes run one after another, each with its own engine
      ``async_scheduling=False``): tells engine settings apart from the extractor's overhead.
   b_sync (only when named) (b) on b's engine with ``overlap_copy`` off (the blocking copy of
      each step's states that (b) used before the overlap): the overlap's gain, side by side.
-  b_ahead (only when named) (b) on b's engine with ``launch_ahead`` on: step N+1's forward
-     is launched before step N's states go back to the caller.
+  b_lockstep (only when named) (b) on b's engine with ``launch_ahead`` off: each step is
+     scheduled only once the previous step's sampled tokens are in (the loop before the
+     pipelined default; ``b_ahead`` in results of the fifth session and earlier was the
+     first, partial launch-ahead, since made the default and then replaced).
 
-Workloads (seeded): 128 prompts x 1024 random token ids, and 128 prompts of lengths uniform
-in 64..2048. Each is warmed up (first ``--warmup-prompts`` prompts, not timed) and timed
+Workloads (seeded): ``--num-prompts`` (128) prompts x 1024 random token ids, and
+``--mixed-prompts`` (128) prompts of lengths uniform in 64..2048. Each is warmed up (first ``--warmup-prompts`` prompts, not timed) and timed
 ``--repeats`` times; tok/s = prompt tokens / wall seconds; ratios use the best run.
 Results: ``<out>/gpu_extraction-<model>.json`` (rewritten after every run, so a killed run
 leaves what it had) and ``<out>/gpu_extraction-<model>.png`` (``bench/plot_gpu_extraction.py``
@@ -60,18 +62,18 @@ import gpu_models  # noqa: E402  (bench/ is not a package)
 
 SCHEMA = "vllm-compat-gpu-extraction/1"
 MODES = ("a", "b", "c", "d", "e")
-EXTRA_MODES = ("a_sync", "b_sync", "b_ahead")  # diagnostics, only when asked for
+EXTRA_MODES = ("a_sync", "b_sync", "b_lockstep")  # diagnostics, only when asked for
 # Engines in their own process first, in-process ones (CUDA in this process) last.
 # (b) right after (a): b/a is the number this benchmark exists for, and a budget cut should
 # fall on the others (the H200 run of 2026-11-29, 4th session, lost b to the budget twice).
 # c follows b/b_sync on the extractor's engine, which closes before e starts its own.
-RUN_ORDER = ("a", "b", "b_ahead", "b_sync", "c", "e", "a_sync", "d")
+RUN_ORDER = ("a", "b", "b_lockstep", "b_sync", "c", "e", "a_sync", "d")
 DESCRIPTION = {
     "a": "vLLM generate(max_tokens=1), prefill ceiling",
     "a_sync": "(a) with the extractor's engine settings: in-process, async_scheduling=False",
     "b": "vllm_compat extraction into host memory",
     "b_sync": "(b) on the same engine with overlap_copy off: a blocking device->host copy per step",
-    "b_ahead": "(b) on the same engine with launch_ahead on: the next forward runs while the caller works",
+    "b_lockstep": "(b) on the same engine with launch_ahead off: one step in flight at a time",
     "c": "vllm_compat extraction written to disk (ShardWriter, fsync)",
     "d": "HF transformers forward, output_hidden_states, sdpa",
     "e": "vLLM extract_hidden_states + ExampleHiddenStatesConnector",
@@ -196,8 +198,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
              "e_returned/a": ("e_returned", "a"), "e_drained/a": ("e_drained", "a"),
              "d/a": ("d", "a"), "b/a_sync": ("b", "a_sync"), "a_sync/a": ("a_sync", "a"),
              "b_sync/a": ("b_sync", "a"), "b/b_sync": ("b", "b_sync"),
-             "b_ahead/a": ("b_ahead", "a"), "b_ahead/b": ("b_ahead", "b"),
-             "b_ahead/e": ("b_ahead", "e_drained")}
+             "b_lockstep/a": ("b_lockstep", "a"), "b/b_lockstep": ("b", "b_lockstep")}
     ratios = {k: {wl: _ratio(t(x, wl), t(y, wl)) for wl in wls} for k, (x, y) in pairs.items()}
     targets = {f"{k} >= {v}": {wl: (None if ratios[k][wl] is None else ratios[k][wl] >= v)
                                for wl in wls} for k, v in TARGETS.items()}
@@ -612,7 +613,8 @@ class Bench:
         out: dict[str, Any] = {}
         base = self.refs.get("b")
         for name, other in (("d_vs_b", "d"), ("e_vs_b", "e"), ("c_fp8_vs_b", "c_fp8"),
-                            ("d_vs_e", "d"), ("b_sync_vs_b", "b_sync"), ("b_ahead_vs_b", "b_ahead")):
+                            ("d_vs_e", "d"), ("b_sync_vs_b", "b_sync"),
+                            ("b_lockstep_vs_b", "b_lockstep")):
             x = self.refs.get(other)
             ref = self.refs.get("e") if name == "d_vs_e" else base
             if x is None or ref is None or x.shape != ref.shape:
@@ -897,8 +899,8 @@ class Bench:
     def mode_b_sync(self) -> None:
         self.mode_b("b_sync", overlap_copy=False)
 
-    def mode_b_ahead(self) -> None:
-        self.mode_b("b_ahead", launch_ahead=True)
+    def mode_b_lockstep(self) -> None:
+        self.mode_b("b_lockstep", launch_ahead=False)
 
     def mode_c(self) -> None:
         shared = self.extractor is not None
@@ -986,7 +988,7 @@ class Bench:
         engine = 1.1 * min(done) if done else 75.0
         if mode == "c":
             return 60.0 if self.extractor is not None else engine + 60.0
-        if mode in ("b_ahead", "b_sync") and self.extractor is not None:
+        if mode in ("b_lockstep", "b_sync") and self.extractor is not None:
             return 30.0  # b's engine, already started
         if mode == "d":
             return 90.0
@@ -1017,7 +1019,7 @@ class Bench:
                 print(f"[mode {mode}] FAILED: {type(e).__name__}: {e}", file=sys.stderr)
                 self.close_extractor()  # a later b/c starts on a fresh engine
             rec["wall_s"] = round(time.monotonic() - t0, 1)
-            on_extractor = {"b", "b_ahead", "b_sync", "c"}
+            on_extractor = {"b", "b_lockstep", "b_sync", "c"}
             if mode in on_extractor and not (on_extractor & set(todo[todo.index(mode) + 1:])):
                 self.close_extractor()
             self.save()

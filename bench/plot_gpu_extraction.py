@@ -21,6 +21,7 @@ SERIES = [
     ("a", "(a) vLLM generate"),
     ("b", "(b) ours, host mem"),
     ("b_ahead", "(b) ours, launch ahead"),
+    ("b_lockstep", "(b) lockstep loop"),
     ("b_sync", "(b) blocking copy"),
     ("a_sync", "(a) in-process, sync"),
     ("c_bf16", "(c) ours, disk bf16"),

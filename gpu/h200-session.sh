@@ -42,15 +42,17 @@ left() { echo $(( SESSION_S - ($(date +%s) - $(cat "$OUTDIR/t0")) )); }
 # benchmarks "MODEL MODES" ...: one bench/gpu_extraction.py run per model (eager), each given
 # the session's time left minus 60 s for the last collect; skipped under 90 s
 benchmarks() {
-  local spec budget
+  local spec budget model modes
   for spec in "$@"; do
     set -- $spec
-    budget=$(( $(left) - 60 ))
-    [ "$budget" -lt 90 ] && { stamp "bench $1 skipped (left $(left) s)"; continue; }
-    stamp "bench $1 start (budget $budget s)"
-    timeout $(( budget + 30 )) python3 bench/gpu_extraction.py --model "$1" --out "$OUTDIR/bench" \
-      --modes "$2" --enforce-eager --time-budget-s "$budget" > "$OUTDIR/bench-$1.log" 2>&1
-    stamp "bench $1 rc=$?"
+    model=$1 modes=$2
+    shift 2  # the rest: extra arguments for bench/gpu_extraction.py
+    budget=$(( $(left) - ${BENCH_KEEP_S:-60} ))
+    [ "$budget" -lt 90 ] && { stamp "bench $model skipped (left $(left) s)"; continue; }
+    stamp "bench $model start (budget $budget s)"
+    timeout $(( budget + 30 )) python3 bench/gpu_extraction.py --model "$model" --out "$OUTDIR/bench" \
+      --modes "$modes" --enforce-eager --time-budget-s "$budget" "$@" > "$OUTDIR/bench-$model.log" 2>&1
+    stamp "bench $model rc=$?"
   done
 }
 
@@ -112,6 +114,35 @@ job-bench-all)
   benchmarks "llama-1b a,b,b_sync,c,e,d" "deepseek-tiny a,b,c,e,d" "llama-8b a,b,c,e,d"
   touch "$OUTDIR/job-026.done"
   ;;
+x2)
+  # sixth session, nvidia-h200-x2: issue #4's benchmarks on GPU 0 with the pipelined-loop GPU
+  # tests beside them on GPU 1, then issue #9's two-GPU tests, then the 8B benchmark in
+  # whatever is left (call 1 writes t0)
+  [ -f "$OUTDIR/t0" ] || date +%s > "$OUTDIR/t0"
+  detach "bash /root/vc/gpu/h200-session.sh job-x2" "$OUTDIR/job-x2.log"
+  ;;
+job-x2)
+  common
+  export PYTHONPATH=/tmp/site:/root/vc/src VLLM_CACHE_ROOT=/root/vllm-cache-026
+  export VLLM_COMPAT_GPU_RESULTS=$OUTDIR/gpu-results-026.jsonl
+  nvidia-smi -L > "$OUTDIR/gpus.txt" 2>&1; nvidia-smi topo -m >> "$OUTDIR/gpus.txt" 2>&1
+  stamp "pipeline tests start on GPU 1"
+  CUDA_VISIBLE_DEVICES=1 timeout 600 python3 -m pytest -m gpu -v tests/gpu/test_extract_gpu.py \
+    -k "launch_ahead or overlapped" --durations=0 -o faulthandler_timeout=300 \
+    > "$OUTDIR/tests.log" 2>&1 &
+  tp=$!
+  CUDA_VISIBLE_DEVICES=0 BENCH_KEEP_S=480 benchmarks \
+    "llama-1b a,b,b_lockstep,b_sync,c,e,d --num-prompts 512 --mixed-prompts 256" \
+    "deepseek-tiny a,b,b_lockstep,c,e,d --num-prompts 512 --mixed-prompts 512"
+  wait $tp; stamp "pipeline tests rc=$?"
+  stamp "multi-gpu tests start (left $(left) s)"
+  timeout $(( $(left) - 120 )) python3 -m pytest -m gpu -v tests/gpu/test_multi_gpu.py \
+    tests/gpu/test_extract_gpu.py -k "multi_gpu or tensor_parallel or tp2 or torchrun or long_run" \
+    --durations=0 -o faulthandler_timeout=400 > "$OUTDIR/tests-multi.log" 2>&1
+  stamp "multi-gpu tests rc=$?"
+  CUDA_VISIBLE_DEVICES=0 benchmarks "llama-8b a,b,c,e,d"
+  touch "$OUTDIR/job-026.done"
+  ;;
 wait)
   # block until the session's last job is done or ${2:-540} s have passed, then report:
   # one long call instead of many short polls, so no gap between calls can release the host
@@ -121,7 +152,7 @@ wait)
 status)
   bash /root/vc/gpu/h200-session.sh collect >/dev/null 2>&1 || true
   cat "$OUTDIR/timeline.txt" 2>/dev/null
-  [ -f "$OUTDIR/tests.log" ] && { echo "== tests"; grep -E "PASSED|FAILED|ERROR|passed|failed|rc=" "$OUTDIR/tests.log" | tail -8; }
+  for f in tests tests-multi; do [ -f "$OUTDIR/$f.log" ] && { echo "== $f"; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rc=" "$OUTDIR/$f.log" | tail -10 | cut -c1-250; }; done
   for f in target pipeline evaluate bench-deepseek-tiny bench-llama-1b bench-llama-8b; do [ -f "$OUTDIR/$f.log" ] && { echo "== $f"; grep -v "^\s*$" "$OUTDIR/$f.log" | grep -iv "warn" | tail -4 | cut -c1-300; }; done
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
   ;;

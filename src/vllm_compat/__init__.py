@@ -19,15 +19,16 @@ from .scheduling import (
     grammar_output, make_kv_cache_config, make_model_runner_output, make_scheduler,
     make_vllm_config, schedule, update_from_output,
 )
-from .step import resolve_output, run_model_step
+from .step import FinishedStep, StepPipeline, resolve_output, run_model_step
 from .versions import parse_vllm_version, route
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AUTO", "BlockHasher", "InvalidLayerIdError", "InvalidPromptError", "InvalidVllmVersionError",
-    "StaleBlockHasherError", "TargetMismatchError", "TrainingCheckpointError",
-    "UnknownAdapterError", "UnsupportedFeatureError", "UnsupportedVllmVersionError",
+    "AUTO", "BlockHasher", "FinishedStep", "InvalidLayerIdError", "InvalidPromptError",
+    "InvalidVllmVersionError", "StaleBlockHasherError", "StepPipeline", "TargetMismatchError",
+    "TrainingCheckpointError", "UnknownAdapterError", "UnsupportedFeatureError",
+    "UnsupportedVllmVersionError",
     "VllmCompatError", "VllmInfo", "VllmNotInstalledError", "adapter", "attach_block_hasher",
     "block_hasher_for", "collective_rpc", "detect", "grammar_output", "installed_vllm_version",
     "make_block_hasher", "make_kv_cache_config", "make_model_runner_output", "make_request",

@@ -168,7 +168,7 @@ def _assert_same_chunked_run(a: dict, b: dict, name: str) -> None:
 def test_overlapped_copy_equals_blocking_copy(ckpts):
     """The default hands each step's states over one step late (HostStaging: pinned buffer,
     side-stream copy); the blocking copy is the reference. Chunked, so one request's chunks
-    land in consecutive steps and the single pinned buffer is reused every step."""
+    land in consecutive steps and the pinned buffers are reused every step."""
     kind = "llama"
     a = run(ckpts, kind, "chunked-overlap", max_num_batched_tokens=48)
     b = run(ckpts, kind, "chunked-blocking", max_num_batched_tokens=48, overlap_copy=False)
@@ -176,15 +176,19 @@ def test_overlapped_copy_equals_blocking_copy(ckpts):
     _assert_same_chunked_run(a, b, "overlap_vs_blocking:llama")
 
 
-def test_launch_ahead_equals_lockstep(ckpts):
-    """``launch_ahead`` launches step N+1 before step N's states go back; chunked, so each
-    request's chunks span consecutive steps. Then an early stop while a step is in flight:
-    abort must finish that step and leave every KV block free."""
-    kind = "llama"
+@pytest.mark.parametrize("model", ["llama", "deepseek_v3"])
+def test_launch_ahead_equals_lockstep(ckpts, model):
+    """``launch_ahead`` (the default at TP=1) keeps two steps in flight: step N+1 is
+    scheduled and launched before step N's sampled tokens are waited for (StepPipeline,
+    async scheduling; Llama runs on the V2 model runner, DeepSeek-V3's MLA on the V1 one).
+    Chunked, so each request's chunks span consecutive steps. Then an early stop while a
+    step is in flight: abort must finish it and leave every KV block free."""
+    kind = model
     a = run(ckpts, kind, "chunked-ahead", max_num_batched_tokens=48, launch_ahead=True)
     b = run(ckpts, kind, "chunked-lockstep", max_num_batched_tokens=48, launch_ahead=False)
     assert a["info"]["launch_ahead"] is True and b["info"]["launch_ahead"] is False
-    _assert_same_chunked_run(a, b, "launch_ahead_vs_lockstep:llama")
+    assert a["info"]["async_scheduling"] is True
+    _assert_same_chunked_run(a, b, f"launch_ahead_vs_lockstep:{kind}")
     ps = M.prompts()
     with HiddenStatesExtractor(ckpts[kind], layer_ids=_ids(kind), max_model_len=M.MAX_LEN,
                                gpu_memory_utilization=0.05, dtype="bfloat16", enforce_eager=True,
@@ -193,7 +197,7 @@ def test_launch_ahead_equals_lockstep(ckpts):
         free0, total = ex.kv_blocks()
         it = ex.extract(ps)
         first = next(it)
-        assert ex._session._launched is not None  # the next step is in flight
+        assert ex._session._pipe.in_flight == 1  # the next step is in flight
         it.close()  # early stop: aborts the rest
         assert not ex._session.has_unfinished()
         assert ex.kv_blocks() == (free0, total)

@@ -17,6 +17,7 @@ ADAPTER_FUNCTIONS: tuple[str, ...] = (
     "vllm_config", "kv_cache_config", "new_scheduler", "scheduler_hash_block_size",
     "schedule", "update_from_output", "grammar_output", "model_runner_output",
     "run_model_step", "resolve_output", "collective_rpc", "runner_flavour",
+    "launch_model_step", "has_unscheduled_tokens",
 )
 
 

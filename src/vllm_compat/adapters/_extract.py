@@ -24,6 +24,7 @@ decoder layer k, L = final pre-norm state):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -43,8 +44,7 @@ from vllm import LLM, SamplingParams
 from vllm_compat.extract.ordering import BatchLayout, split_batch
 from vllm_compat.rpc import collective_rpc, runner_flavour
 from vllm_compat.requests import make_request
-from vllm_compat.scheduling import grammar_output, schedule
-from vllm_compat.step import resolve_output
+from vllm_compat.step import StepPipeline
 
 from ._serve import free_gpu_memory, shutdown_engine
 
@@ -75,6 +75,11 @@ _ENV_AUX = "VLLM_COMPAT_AUX_LAYERS"
 
 
 # --------------------------------------------------------------------------- planning
+
+
+def _two_phase_step() -> bool:
+    from vllm.v1.executor.abstract import Executor
+    return hasattr(Executor, "sample_tokens")  # 0.11.2+: execute_model, then sample_tokens
 
 
 def _model_class(model_path: str, cfg: Mapping[str, Any]) -> type | None:
@@ -349,37 +354,62 @@ def _embed(model: Any, flat_ids: list[int]) -> torch.Tensor:
         return fn(torch.tensor(flat_ids, dtype=torch.long, device=dev))
 
 
-class HostStaging:
-    """The device->host hand-off of one step's states without stalling the next step.
+class StagedCopy:
+    """One step's ``[tokens, layers, hidden]`` block on its way into a pinned host buffer."""
 
-    ``start`` queues the copy of this step's ``[tokens, layers, hidden]`` block into a
-    reused pinned buffer on a side stream (the copy engine runs it while the GPU goes on);
-    ``finish``, called once the next step's forward has been launched, waits for that copy
-    and makes the pageable tensor the caller keeps (a parallel host memcpy that overlaps
-    the next forward). One pinned buffer suffices: ``finish`` always precedes the next
-    ``start``. Why: H200, 1.1B Llama, 16k-token steps -- a blocking ``.to("cpu")`` into
+    def __init__(self, pool: "HostStaging", lay: BatchLayout, host: torch.Tensor,
+                 buf: torch.Tensor, done: Any) -> None:
+        self._pool, self._lay, self._host, self._buf, self._done = pool, lay, host, buf, done
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        """Wait for the copy; the states as views of one pageable tensor, per request."""
+        self._done.synchronize()
+        out = torch.empty(self._host.shape, dtype=self._host.dtype)
+        out.copy_(self._host)  # parallel host memcpy; the pinned buffer goes back to the pool
+        self._release()
+        lay = self._lay
+        return {r: out[s:e] for r, s, e in zip(lay.req_ids, lay.starts, lay.ends)}
+
+    def discard(self) -> None:
+        self._done.synchronize()
+        self._release()
+
+    def _release(self) -> None:
+        if self._buf is not None:
+            self._pool._free.append(self._buf)
+            self._buf = self._host = None  # type: ignore[assignment]
+
+
+class HostStaging:
+    """The device->host hand-off of each step's states without stalling the GPU.
+
+    ``start`` queues the copy of a step's ``[tokens, layers, hidden]`` block into a pinned
+    buffer on a side stream (the copy engine runs it while the GPU goes on) and returns a
+    :class:`StagedCopy`; its ``finish``, called later, waits for that copy and makes the
+    pageable tensor the caller keeps (a parallel host memcpy that overlaps the next
+    forward). Pinned buffers are reused, one per copy not yet finished (two when steps are
+    pipelined). Why: H200, 1.1B Llama, 16k-token steps -- a blocking ``.to("cpu")`` into
     fresh pageable memory kept the GPU idle for the whole copy every step (b/a 0.37).
     In-process (TP=1) workers only: its results are views of one host tensor."""
 
     def __init__(self) -> None:
-        self._pinned: torch.Tensor | None = None
+        self._free: list[torch.Tensor] = []
         self._stream: Any = None
-        self._pending: tuple[BatchLayout, torch.Tensor, Any] | None = None
 
-    @property
-    def pending(self) -> bool:
-        return self._pending is not None
+    def _buffer(self, n: int, dtype: torch.dtype, capacity: int) -> torch.Tensor:
+        for i, b in enumerate(self._free):
+            if b.numel() >= n and b.dtype == dtype:
+                return self._free.pop(i)
+        self._free = [b for b in self._free if b.dtype == dtype]  # drop unusable ones first
+        if self._free:  # all too small: replace the smallest rather than pin one more
+            self._free.remove(min(self._free, key=torch.Tensor.numel))
+        return torch.empty(max(n, capacity), dtype=dtype, pin_memory=True)
 
-    def start(self, stacked: torch.Tensor, lay: BatchLayout, capacity_tokens: int) -> None:
-        if self._pending is not None:
-            raise RuntimeError("HostStaging.start before the previous step was finished")
+    def start(self, stacked: torch.Tensor, lay: BatchLayout, capacity_tokens: int) -> StagedCopy:
         n = stacked.numel()
-        if self._pinned is None or self._pinned.numel() < n or self._pinned.dtype != stacked.dtype:
-            per_token = n // max(1, stacked.shape[0])
-            self._pinned = None  # drop the old buffer before pinning a larger one
-            self._pinned = torch.empty(max(n, capacity_tokens * per_token), dtype=stacked.dtype,
-                                       pin_memory=True)
-        host = self._pinned[:n].view(stacked.shape)
+        per_token = n // max(1, stacked.shape[0])
+        buf = self._buffer(n, stacked.dtype, capacity_tokens * per_token)
+        host = buf[:n].view(stacked.shape)
         dev = stacked.device
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=dev)
@@ -390,36 +420,21 @@ class HostStaging:
             done.record(self._stream)
         # the compute stream may reuse ``stacked``'s memory only after the copy has read it
         stacked.record_stream(self._stream)
-        self._pending = (lay, host, done)
-
-    def finish(self) -> dict[str, torch.Tensor]:
-        if self._pending is None:
-            return {}
-        lay, host, done = self._pending
-        self._pending = None
-        done.synchronize()
-        out = torch.empty(host.shape, dtype=host.dtype)
-        out.copy_(host)  # parallel host memcpy; the pinned buffer is reused next step
-        return {r: out[s:e] for r, s, e in zip(lay.req_ids, lay.starts, lay.ends)}
-
-    def discard(self) -> None:
-        if self._pending is not None:
-            self._pending[2].synchronize()
-            self._pending = None
+        return StagedCopy(self, lay, host, buf, done)
 
 
 def _worker_collect(worker: Any, num_scheduled: dict[str, int], mode: str,
                     want: tuple[int, ...],
                     chunk_ids: dict[str, list[int]] | None = None,
                     views: bool = False, staged: bool = False
-                    ) -> dict[str, torch.Tensor] | HostStaging | None:
+                    ) -> dict[str, torch.Tensor] | StagedCopy | None:
     """Per-request ``[n_tokens, len(want), hidden]`` CPU tensors of this step (rank 0 only).
 
     ``views``: hand out slices of the step's one host buffer instead of a copy per request.
     Only for an in-process worker: a pickled view carries its whole buffer (H200, 1.1B Llama:
     the copies were about half of the ~100 ms of host work per 16k-token step).
-    ``staged`` (in-process, CUDA): queue the copy and return the worker's :class:`HostStaging`;
-    the states come from its ``finish()`` one step later."""
+    ``staged`` (in-process, CUDA): queue the copy into the worker's :class:`HostStaging` and
+    return the :class:`StagedCopy`; the states come from its ``finish()``, later."""
     runner = worker.model_runner
     emb = None
     if chunk_ids is not None:
@@ -453,8 +468,7 @@ def _worker_collect(worker: Any, num_scheduled: dict[str, int], mode: str,
         if st is None:
             st = worker._vllm_compat_staging = HostStaging()
         cap = getattr(getattr(runner, "scheduler_config", None), "max_num_batched_tokens", 0)
-        st.start(stacked, lay, int(cap or 0))
-        return st
+        return st.start(stacked, lay, int(cap or 0))
     stacked = stacked.to("cpu")
     if views:
         return {r: stacked[s:e] for r, s, e in zip(lay.req_ids, lay.starts, lay.ends)}
@@ -518,8 +532,14 @@ class Session:
             tensor_parallel_size=tensor_parallel_size, enforce_eager=self.plan.enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization, seed=0,
         )
-        if "async_scheduling" in fields:  # 0.11+: we drive execute/sample in lockstep
-            args["async_scheduling"] = False
+        # Pipelined steps (StepPipeline, depth 2) schedule step N+1 before step N's output is
+        # in, as vLLM's async scheduling does: the engine is built for it (AsyncScheduler's
+        # output placeholders; the V1 runner then hands its sampled tokens back without a
+        # sync). In-process (TP=1) and 0.11.2+ (two-phase step) only; native runs generate().
+        self._pipelined_engine = (tensor_parallel_size == 1 and self.plan.mode != "native"
+                                  and _two_phase_step())
+        if "async_scheduling" in fields:  # 0.11+
+            args["async_scheduling"] = kw.pop("async_scheduling", self._pipelined_engine)
         if max_model_len is not None:
             args["max_model_len"] = max_model_len
         if max_num_batched_tokens is not None:
@@ -586,32 +606,67 @@ class Session:
                          enforce_eager=self.plan.enforce_eager)
         self._block_hasher = getattr(self.core, "request_block_hasher", None)
         self._sp = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-        self.num_steps = 0
-        self.max_step_tokens = 0
         # TP=1 runs the worker in this process (UniProcExecutor): its tensors need no pickling
         self._in_process_worker = tensor_parallel_size == 1
-        # Overlap each step's device->host copy with the next step (HostStaging); in-process
+        # Overlap each step's device->host copy with the next forward (HostStaging); in-process
         # only. VLLM_COMPAT_EXTRACT_OVERLAP=0 (or overlap_copy=False) restores the blocking copy.
         if overlap_copy is None:
             overlap_copy = os.environ.get("VLLM_COMPAT_EXTRACT_OVERLAP", "1") != "0"
         self.overlap_copy = bool(overlap_copy) and self._in_process_worker
-        self._staged: HostStaging | None = None
         self.info["overlap_copy"] = self.overlap_copy
-        # Launch step N+1 before returning step N's chunks (see step()). On by default at TP=1,
-        # where it was measured (H200, vLLM 0.26.0, eager: 1.09-1.10x the lockstep loop on the
-        # 1.1B Llama, the same states, results/2026-11-29-h200-5); TP > 1 keeps the lockstep
-        # loop unless asked. VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=0/1 (or launch_ahead=) decides.
+        self.info["async_scheduling"] = bool(args.get("async_scheduling", False))
+        self._tickets: collections.deque[StagedCopy] = collections.deque()  # finished steps'
+        self._pipe = StepPipeline(self.core.scheduler, self.executor, depth=1,
+                                  between=self._collect) if self.core is not None else None
+        self._collect_s = 0.0
+        self._handoff_s = 0.0
+        self._empty_steps = 0  # consecutive steps that scheduled nothing
+        # Pipelined steps (launch_ahead): step N+1 is scheduled and launched before step N's
+        # sampled tokens are waited for (StepPipeline, depth 2), so the GPU never idles
+        # between two forwards. On by default where the engine was built for it (TP=1,
+        # 0.11.2+); VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=0/1 (or launch_ahead=) decides. Until
+        # the sixth session, launch_ahead launched N+1 only once N's sampled tokens were in:
+        # 1.09-1.10x the lockstep loop on the H200 (1.1B Llama, eager) with ~12 ms of GPU
+        # idle left per ~74 ms step (results/2026-11-29-h200-5).
         if launch_ahead is None:
             env = os.environ.get("VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD")
-            launch_ahead = self._in_process_worker if env is None else env == "1"
+            launch_ahead = self._pipelined_engine if env is None else env == "1"
         self.launch_ahead = bool(launch_ahead)
-        self._launched: tuple[Any, Any] | None = None  # (scheduler output, execute_model's)
-        self.info["launch_ahead"] = self.launch_ahead
-        # wall seconds per phase of step(), summed: where a slow extraction spends its time
-        self.phase_s = dict.fromkeys(
-            ("schedule", "execute", "handoff", "collect", "sample", "update"), 0.0)
         self._emb0 = self.plan.mode == "aux" and 0 in self.layer_ids
         self._pending: dict[str, tuple[list[int], int]] = {}  # req -> (prompt, offset)
+
+    @property
+    def launch_ahead(self) -> bool:
+        return self._pipe is not None and self._pipe.depth > 1
+
+    @launch_ahead.setter
+    def launch_ahead(self, on: bool) -> None:
+        self.info["launch_ahead"] = bool(on) and self._pipe is not None
+        if self._pipe is None:
+            return
+        if self._pipe.in_flight or self._tickets:
+            raise RuntimeError("launch_ahead changed while an extraction was running")
+        self._pipe.depth = 2 if on else 1
+
+    @property
+    def num_steps(self) -> int:
+        return self._pipe.num_steps if self._pipe is not None else 0
+
+    @property
+    def max_step_tokens(self) -> int:
+        return self._pipe.max_step_tokens if self._pipe is not None else 0
+
+    @property
+    def phase_s(self) -> dict[str, float]:
+        """Wall seconds per phase of step(), summed: where a slow extraction spends its time.
+        ``execute``: execute_model and the sample_tokens call; ``collect``: queueing (or, with
+        the blocking copy, making) the host copy; ``wait``: waiting for a step's output (the
+        forward, when the GPU is the bottleneck); ``handoff``: the pageable copy."""
+        ph = self._pipe.phase_s if self._pipe is not None else {}
+        return {"schedule": ph.get("schedule", 0.0),
+                "execute": ph.get("launch", 0.0) - self._collect_s,
+                "collect": self._collect_s, "wait": ph.get("wait", 0.0),
+                "update": ph.get("update", 0.0), "handoff": self._handoff_s}
 
     # ---- aux / hooks: we drive the engine core
 
@@ -624,24 +679,19 @@ class Session:
 
     def abort(self, req_ids: Iterable[str]) -> None:
         from vllm.v1.request import RequestStatus
-        if self._launched is not None:  # a step launched ahead: finish it, drop its states
-            so, out = self._launched
-            self._launched = None
-            self._finish(so, out)
+        for fs in self._pipe.drain():  # steps in flight: finish them, drop their states
+            if isinstance(fs.value, StagedCopy):
+                fs.value.discard()
         self.core.scheduler.finish_requests(list(req_ids), RequestStatus.FINISHED_ABORTED)
-        if self._staged is not None:  # its states belong to the aborted extraction
-            self._staged.discard()
-            self._staged = None
+        while self._tickets:  # their states belong to the aborted extraction
+            self._tickets.popleft().discard()
 
     def has_unfinished(self) -> bool:
-        """Requests in the scheduler, a step launched ahead, or the last step's states not
-        handed out yet."""
-        return (bool(self.core.scheduler.has_unfinished_requests()) or self._staged is not None
-                or self._launched is not None)
+        """Requests in the scheduler, steps in flight, or states not handed out yet."""
+        return self._has_work() or bool(self._tickets)
 
-    def _finish_staged(self) -> dict[str, torch.Tensor]:
-        st, self._staged = self._staged, None
-        return st.finish() if st is not None else {}
+    def _has_work(self) -> bool:
+        return bool(self._pipe.in_flight) or bool(self.core.scheduler.has_unfinished_requests())
 
     def kv_blocks(self) -> tuple[int, int]:
         """``(free, total)`` KV-cache blocks of the scheduler's pool (same attributes
@@ -650,55 +700,42 @@ class Session:
         return int(pool.get_num_free_blocks()), int(pool.num_gpu_blocks)
 
     def step(self) -> dict[str, torch.Tensor]:
-        """One engine step. Returns the chunks that are ready: this step's (blocking copy) or,
-        with ``overlap_copy``, the previous step's, so the last call may schedule nothing.
-        With ``launch_ahead`` the next step is scheduled and launched before this one's
-        chunks are returned, so the GPU computes while the caller handles them."""
-        sched = self.core.scheduler
-        if self._launched is None:
-            if self._staged is not None and not sched.has_unfinished_requests():
-                t0 = time.perf_counter()
-                ready = self._finish_staged()
-                self.phase_s["handoff"] += time.perf_counter() - t0
-                return ready
-            self._launch()
-        so, out = self._launched
-        self._launched = None
-        chunks = self._finish(so, out)
-        if self.launch_ahead and sched.has_unfinished_requests():
-            # Prefill chunks do not depend on the token sampled at the end of a prompt, so the
-            # next step can start now. Without this the GPU idled ~20 ms of every ~83 ms step
-            # (H200, 1.1B Llama, eager: update, the caller's loop, schedule and the first
-            # launches ran between two forwards; bench/README.md, b/a 0.75).
-            self._launch()
-        return chunks
+        """One engine step; returns the chunks that are ready, per request.
 
-    def _launch(self) -> None:
-        """Schedule one step and launch its forward (``execute_model``)."""
-        sched, ph = self.core.scheduler, self.phase_s
+        Blocking copy: the finished step's own chunks. ``overlap_copy``: pipelined, the
+        finished step's (their copy ran during the next forward); lockstep, the previous
+        step's, so the last call may schedule nothing. At most one step's chunks per call.
+        """
+        pipe, sched = self._pipe, self.core.scheduler
+        if self._has_work():
+            pipe.fill()
+            fs = pipe.finish()
+            # an empty step carries finished-request ids; a run of them means nothing fits
+            self._empty_steps = 0 if fs.scheduler_output.total_num_scheduled_tokens else \
+                self._empty_steps + 1
+            if self._empty_steps > pipe.depth and sched.has_unfinished_requests():
+                raise RuntimeError("the scheduler scheduled nothing while requests are pending "
+                                   "(KV cache too small for one prompt?)")
+            if isinstance(fs.value, StagedCopy):
+                self._tickets.append(fs.value)
+            elif fs.value:
+                if self._tickets:  # overlap_copy was switched off in the middle of a run
+                    raise RuntimeError("overlap_copy changed while an extraction was running; "
+                                       "change it only between extract() calls")
+                return fs.value
+        # lockstep + overlap: keep the newest step's states back one step, so that their copy
+        # runs during the next forward; pipelined: the next forward is already running
+        lag = 1 if pipe.depth == 1 and self._has_work() else 0
+        if len(self._tickets) <= lag:
+            return {}
         t0 = time.perf_counter()
-        so = schedule(sched)
-        if so.total_num_scheduled_tokens == 0:
-            raise RuntimeError("the scheduler scheduled nothing while requests are pending "
-                               "(KV cache too small for one prompt?)")
-        self.num_steps += 1
-        self.max_step_tokens = max(self.max_step_tokens, so.total_num_scheduled_tokens)
-        t1 = time.perf_counter()
-        ph["schedule"] += t1 - t0
-        # 0.11.2+: execute_model only launches the forward (the output comes from
-        # sample_tokens); on 0.10.2 it has already finished and returns the output
-        self._launched = (so, resolve_output(self.executor.execute_model(so)))
-        ph["execute"] += time.perf_counter() - t1
+        ready = self._tickets.popleft().finish()
+        self._handoff_s += time.perf_counter() - t0
+        return ready
 
-    def _finish(self, so: Any, out: Any) -> dict[str, torch.Tensor]:
-        """Collect, sample and update the launched step ``so``; returns the ready chunks."""
-        sched, ph, ex = self.core.scheduler, self.phase_s, self.executor
+    def _collect(self, so: Any) -> dict[str, torch.Tensor] | StagedCopy | None:
+        """StepPipeline's ``between``: after execute_model, before sample_tokens."""
         t0 = time.perf_counter()
-        # the previous step's states, copied to the host while this step's forward runs
-        ready = self._finish_staged()
-        t1 = time.perf_counter()
-        ph["handoff"] += t1 - t0
-        t0 = t1
         chunk_ids = None
         if self._emb0:
             chunk_ids = {}
@@ -709,28 +746,11 @@ class Session:
                     del self._pending[rid]
                 else:
                     self._pending[rid] = (ids, off + n)
-        chunks = collective_rpc(ex, _worker_collect, args=(
+        chunks = collective_rpc(self.executor, _worker_collect, args=(
             dict(so.num_scheduled_tokens), self.plan.mode, self.layer_ids, chunk_ids,
             self._in_process_worker, self.overlap_copy), rank=0)
-        if isinstance(chunks, HostStaging):
-            self._staged, chunks = chunks, ready
-        elif ready:  # overlap_copy was switched off in the middle of an extraction
-            raise RuntimeError("overlap_copy changed while an extraction was running; change "
-                               "it only between extract() calls")
-        t1 = time.perf_counter()
-        # blocking copy: includes waiting for the forward (the copy to CPU syncs);
-        # overlap: only queues the copy
-        ph["collect"] += t1 - t0
-        # 0.11.2+: two-phase step (execute_model -> None, then sample_tokens); 0.10.2: one.
-        if out is None and hasattr(ex, "sample_tokens"):
-            out = resolve_output(ex.sample_tokens(grammar_output(sched, so)))
-        if out is None:
-            raise RuntimeError("execute_model failed (sample_tokens returned None)")
-        t0 = time.perf_counter()
-        ph["sample"] += t0 - t1
-        sched.update_from_output(so, out)
-        ph["update"] += time.perf_counter() - t0
-        return chunks or {}
+        self._collect_s += time.perf_counter() - t0
+        return chunks
 
     # ---- native: vLLM's own extract_hidden_states + connector
 

@@ -40,6 +40,20 @@ def _params(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(fn).parameters)
 
 
+def _init_params(cls: type) -> dict[str, inspect.Parameter]:
+    """The parameters of the first ``__init__`` in ``cls``'s MRO that names any: a subclass
+    that only forwards ``*args, **kwargs`` (AsyncScheduler) says nothing by itself."""
+    forwarding = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    for k in cls.__mro__:
+        init = vars(k).get("__init__")
+        if init is None:
+            continue
+        ps = _params(init)
+        if any(p.kind not in forwarding for n, p in ps.items() if n != "self"):
+            return ps
+    return {}
+
+
 def _has_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -309,7 +323,7 @@ def new_scheduler(
         # Scheduler asserts num_gpu_blocks > 0 (an init=False field the engine fills).
         cache.num_gpu_blocks = kv_cache_config.num_blocks
     cls = scheduler_class(vllm_config)
-    params = _params(cls.__init__)
+    params = _init_params(cls)
     block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
     kw: dict[str, Any] = dict(
         vllm_config=vllm_config,
@@ -564,6 +578,56 @@ def two_phase_step(target: Any, scheduler_output: Any, grammar_output: Any = Non
     if not isinstance(out, ModelRunnerOutput):
         raise VllmCompatError(f"model step returned {type(out).__name__}, not ModelRunnerOutput")
     return out
+
+
+class LaunchedStep:
+    """A model step whose forward has been launched and whose output may still be on its way.
+
+    ``value`` is what the caller's ``between`` hook returned (called after ``execute_model``,
+    while the runner still holds the step's state, e.g. the aux hidden states);
+    :meth:`result` waits for and returns the final ``ModelRunnerOutput``."""
+
+    __slots__ = ("scheduler_output", "value", "_out")
+
+    def __init__(self, scheduler_output: Any, value: Any, out: Any) -> None:
+        self.scheduler_output = scheduler_output
+        self.value = value
+        self._out = out
+
+    def result(self) -> ModelRunnerOutput:
+        out = resolve_output(self._out)
+        if out is None:
+            # The V2 runner returns None from sample_tokens when execute_model failed.
+            raise VllmCompatError("model step produced no output (execute_model failed?)")
+        if not isinstance(out, ModelRunnerOutput):
+            raise VllmCompatError(f"model step returned {type(out).__name__}, not ModelRunnerOutput")
+        return out
+
+
+def launch_two_phase_step(target: Any, scheduler_output: Any,
+                          grammar_output_fn: Callable[[Any], Any] | None = None,
+                          between: Callable[[Any], Any] | None = None) -> LaunchedStep:
+    """0.11+: ``execute_model`` (launches the forward, returns None), ``between``, then
+    ``sample_tokens`` without waiting for its output where the target can (an Executor's
+    ``non_block=True``, 0.11.2+: a Future, resolved by ``LaunchedStep.result``)."""
+    out = resolve_output(_call_step(target, "execute_model", scheduler_output))
+    value = between(scheduler_output) if between is not None else None
+    if out is None:  # a step with tokens: the output comes from sample_tokens
+        grammar = grammar_output_fn(scheduler_output) if grammar_output_fn is not None else None
+        fn = getattr(target, "sample_tokens", None)
+        if fn is None:
+            raise VllmCompatError(f"{type(target).__name__} has no sample_tokens()")
+        out = fn(grammar, non_block=True) if "non_block" in _params(fn) else fn(grammar)
+    return LaunchedStep(scheduler_output, value, out)
+
+
+def has_unscheduled_tokens(scheduler: Scheduler) -> bool:
+    """Whether ``schedule()`` would find prompt tokens left: a waiting request, or a running
+    one whose computed tokens (advanced when scheduled) have not reached its length."""
+    # 0.2x added `skipped_waiting` beside `waiting` (requests passed over this step).
+    if len(scheduler.waiting) or len(getattr(scheduler, "skipped_waiting", ()) or ()):
+        return True
+    return any(r.num_computed_tokens < r.num_tokens for r in scheduler.running)
 
 
 def _call_step(target: Any, name: str, arg: Any) -> Any:

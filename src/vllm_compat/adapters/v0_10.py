@@ -19,7 +19,9 @@ from ._shared import (  # noqa: F401  (re-exported: part of the adapter function
     init_none_hash, kv_cache_config, model_runner_output, new_scheduler, probes,
     request_block_hasher, resolve_output, runner_flavour, schedule,
     scheduler_hash_block_size, update_from_output, version, vllm_config,
+    has_unscheduled_tokens,
 )
+from ._shared import LaunchedStep as _LaunchedStep
 from ._shared import _call_step
 from ._shared import eos_in_request as _eos_in_request
 from ._shared import request_factory as _request_factory
@@ -54,3 +56,13 @@ def run_model_step(target: Any, scheduler_output: Any, grammar_output: Any = Non
     if out is None:
         raise VllmCompatError("execute_model returned no output")
     return out
+
+
+def launch_model_step(target: Any, scheduler_output: Any,
+                      grammar_output_fn: Callable[[Any], Any] | None = None,
+                      between: Callable[[Any], Any] | None = None) -> _LaunchedStep:
+    """0.10.2: ``execute_model`` is the whole step (it has sampled when it returns), so
+    nothing is left in flight; ``between`` runs after it (hooks still hold the states)."""
+    out = resolve_output(_call_step(target, "execute_model", scheduler_output))
+    value = between(scheduler_output) if between is not None else None
+    return _LaunchedStep(scheduler_output, value, out)

@@ -22,7 +22,9 @@ from ._shared import (  # noqa: F401  (re-exported: part of the adapter function
     hash_function_names, init_none_hash, kv_cache_config, model_runner_output, new_request,
     new_scheduler, probes, request_block_hasher, resolve_output, runner_flavour, schedule,
     scheduler_hash_block_size, update_from_output, version, vllm_config,
+    has_unscheduled_tokens,
 )
+from ._shared import launch_two_phase_step as launch_model_step
 from ._shared import two_phase_step as run_model_step
 
 ERA = "v0_17"
