@@ -13,6 +13,20 @@ every byte), sha256, then the write. This measures, side by side and interleaved
 - ``serial_views`` / ``writer_views``: the same two fed what the extractor hands out, views of
   one host buffer per engine step (``--step-samples`` samples each).
 
+Sixth session (the disk path on the H200 hosts ran at 0.67-0.74 of a plain write in bf16 and
+0.26-0.32 in FP8), only when named in ``--modes``:
+
+- ``plain_shards`` / ``plain_shards_kick``: the plain write cut into one file per shard, each
+  fsync'ed (the durability the writer gives), without / with the writeback kick
+  (``vllm_compat.locking.WRITEBACK_KICK_BYTES``: ``posix_fadvise(DONTNEED)`` every 32 MiB);
+- ``writer_nokick``: ``writer`` with the kick off;
+- ``c_bf16``, ``c_fp8_serial``, ``c_fp8``: ``bench/gpu_extraction.py``'s ``DurableShardWriter``
+  (the GPU benchmark's path (c)) fed the samples: bf16; FP8 encoded on the writer thread (as
+  the sixth session's H200 run did); FP8 encoded on a thread of its own.
+
+    PYTHONPATH=src python bench/cpu_shard_writer.py --dir /data --mib 4096 --rounds 3 \
+        --samples-per-shard 16 --modes plain,plain_shards,plain_shards_kick,writer,writer_nokick,c_bf16,c_fp8_serial,c_fp8
+
     PYTHONPATH=src python bench/cpu_shard_writer.py --dir /dev/shm --mib 512 --rounds 5
 
 ``--dir /dev/shm`` (tmpfs) takes the disk out, so what is left is the writer's own CPU cost.
@@ -39,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from git_history import before_change, full_sha, module_at  # noqa: E402  (bench/ is not a package)
 
 DATA = "src/vllm_compat/eagle3/data.py"
+from vllm_compat import locking
 from vllm_compat.locking import atomic_write_bytes
 
 H, LAYERS, T = 2048, 4, 1024  # the 1.1B Llama's 4 captured layers, 1024-token samples
@@ -101,6 +116,50 @@ def as_views(data: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, t
     return out
 
 
+def run_plain_shards(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int,
+                     kick: bool) -> int:
+    """The plain write, one file per shard, each fsync'ed (as the writer makes each shard
+    durable before the next), with or without the writeback kick."""
+    n = 0
+    for k in range(0, len(data), per_shard):
+        fd = os.open(d / f"plain-{k:05d}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        start = kicked = n
+        for s in data[k:k + per_shard]:
+            for t in s.values():
+                view = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+                while view:
+                    w = os.write(fd, view[: 1 << 20])
+                    view = view[w:]
+                    n += w
+                    if kick and n - kicked >= locking.WRITEBACK_KICK_BYTES:
+                        os.posix_fadvise(fd, kicked - start, n - kicked, os.POSIX_FADV_DONTNEED)
+                        kicked = n
+        os.fsync(fd)
+        os.close(fd)
+    return n
+
+
+def run_writer_nokick(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int) -> int:
+    old, locking.WRITEBACK_KICK_BYTES = locking.WRITEBACK_KICK_BYTES, 0
+    try:
+        return run_writer(d, data, per_shard)
+    finally:
+        locking.WRITEBACK_KICK_BYTES = old
+
+
+def run_durable(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int, fp8: bool,
+                encode_thread: bool = True) -> int:
+    """The GPU benchmark's path (c) writer, fed the samples as the extraction loop does."""
+    from gpu_extraction import DurableShardWriter
+    w = DurableShardWriter(d / "ds", hidden_size=H, layer_ids=[1, 2, 3, 4], fp8=fp8,
+                           samples_per_shard=per_shard, max_queue=4 * per_shard,
+                           encode_thread=encode_thread)
+    for s in data:
+        w.put(s["input_ids"], s["hidden_states"])
+    w.close()
+    return w.file_bytes()
+
+
 def run_writer(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int,
                cls: type = ShardWriter) -> int:
     with cls(d / "ds", hidden_size=H, aux_layer_ids=[1, 2, 3], final_layer_id=4,
@@ -118,17 +177,32 @@ def main() -> None:
     ap.add_argument("--samples-per-shard", type=int, default=8)
     ap.add_argument("--step-samples", type=int, default=16, help="samples per engine-step buffer (views)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_shard_writer.json"))
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                    help=f"comma-separated, from {','.join(DEFAULT_MODES + EXTRA_MODES)}")
     a = ap.parse_args()
+    modes = [m for m in a.modes.split(",") if m]
+    unknown = set(modes) - set(DEFAULT_MODES + EXTRA_MODES)
+    if unknown:
+        raise SystemExit(f"unknown modes {sorted(unknown)}")
     data = samples(a.mib)
     views = as_views(data, a.step_samples)
-    serial_cls, serial_rev = previous_writer()
+    serial_cls, serial_rev = previous_writer() if {"serial", "serial_views"} & set(modes) \
+        else (None, None)
     root = Path(a.dir) / "vllm-compat-shard-bench"
-    fns = {"plain": lambda d: run_plain(d, data),
-           "before": lambda d: run_before(d, data, a.samples_per_shard),
-           "serial": lambda d: run_writer(d, data, a.samples_per_shard, serial_cls),
-           "writer": lambda d: run_writer(d, data, a.samples_per_shard),
-           "serial_views": lambda d: run_writer(d, views, a.samples_per_shard, serial_cls),
-           "writer_views": lambda d: run_writer(d, views, a.samples_per_shard)}
+    per = a.samples_per_shard
+    every = {"plain": lambda d: run_plain(d, data),
+             "before": lambda d: run_before(d, data, per),
+             "serial": lambda d: run_writer(d, data, per, serial_cls),
+             "writer": lambda d: run_writer(d, data, per),
+             "serial_views": lambda d: run_writer(d, views, per, serial_cls),
+             "writer_views": lambda d: run_writer(d, views, per),
+             "plain_shards": lambda d: run_plain_shards(d, data, per, kick=False),
+             "plain_shards_kick": lambda d: run_plain_shards(d, data, per, kick=True),
+             "writer_nokick": lambda d: run_writer_nokick(d, data, per),
+             "c_bf16": lambda d: run_durable(d, data, per, fp8=False),
+             "c_fp8_serial": lambda d: run_durable(d, data, per, fp8=True, encode_thread=False),
+             "c_fp8": lambda d: run_durable(d, data, per, fp8=True)}
+    fns = {m: every[m] for m in modes}
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in fns}
     for r in range(a.rounds):
         order = list(fns)[r % len(fns):] + list(fns)[: r % len(fns)]  # rotate: none always first
@@ -141,19 +215,25 @@ def main() -> None:
             runs[name].append({"round": r, "seconds": round(dt, 4), "MB_s": round(nbytes / dt / 1e6, 1)})
     shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(x["MB_s"] for x in v) for k, v in runs.items()}
+    ratios = {f"{x}_vs_{y}": round(med[x] / med[y], 3) for x, y in RATIOS if x in med and y in med}
     res = {"dir": a.dir, "mib": a.mib, "rounds": a.rounds, "samples_per_shard": a.samples_per_shard,
            "step_samples": a.step_samples, "serial_from": serial_rev, "cpus": os.cpu_count(),
-           "torch": torch.__version__, "loadavg": os.getloadavg(), "runs": runs, "median_MB_s": med,
-           "writer_vs_plain": round(med["writer"] / med["plain"], 3),
-           "before_vs_plain": round(med["before"] / med["plain"], 3),
-           "writer_vs_before": round(med["writer"] / med["before"], 3),
-           "writer_vs_serial": round(med["writer"] / med["serial"], 3),
-           "writer_views_vs_serial_views": round(med["writer_views"] / med["serial_views"], 3)}
+           "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+           "writeback_kick_bytes": locking.WRITEBACK_KICK_BYTES, "loadavg": os.getloadavg(),
+           "runs": runs, "median_MB_s": med, **ratios}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: res[k] for k in ("median_MB_s", "writer_vs_plain", "before_vs_plain",
-                                          "writer_vs_before", "writer_vs_serial",
-                                          "writer_views_vs_serial_views", "loadavg")}))
+    print(json.dumps({"median_MB_s": med, **ratios, "loadavg": res["loadavg"]}))
+
+
+DEFAULT_MODES = ("plain", "before", "serial", "writer", "serial_views", "writer_views")
+EXTRA_MODES = ("plain_shards", "plain_shards_kick", "writer_nokick", "c_bf16", "c_fp8_serial",
+               "c_fp8")
+RATIOS = (("writer", "plain"), ("before", "plain"), ("writer", "before"), ("writer", "serial"),
+          ("writer_views", "serial_views"), ("plain_shards", "plain"),
+          ("plain_shards_kick", "plain_shards"), ("writer", "writer_nokick"),
+          ("writer", "plain_shards_kick"), ("c_bf16", "plain"), ("c_fp8", "c_fp8_serial"),
+          ("c_fp8", "plain"))
 
 
 if __name__ == "__main__":

@@ -257,6 +257,32 @@ def test_durable_shard_writer_round_trip(tmp_path, fp8):
             assert torch.equal(got["hidden_states"], hs)
 
 
+def test_fp8_encoder_thread_writes_the_same_bytes_as_the_writer_thread(tmp_path):
+    """The encoder thread (sixth session) changes when samples are encoded, not the shards."""
+    samples = [(torch.arange(3, 3 + n), _states(i, T=n)) for i, n in enumerate([5, 9, 1, 12, 7])]
+    files = {}
+    for threaded in (False, True):
+        d = tmp_path / f"ds-{threaded}"
+        w = ge.DurableShardWriter(d, hidden_size=96, layer_ids=(2, 8, 13, 16), fp8=True,
+                                  samples_per_shard=2, max_queue=1, encode_thread=threaded)
+        for ids, hs in samples:
+            w.put(ids, hs)
+        m = w.close()
+        assert w.busy["encode_s"] > 0
+        files[threaded] = [(d / s["file"]).read_bytes() for s in m.shards]
+    assert files[True] == files[False] and len(files[True]) == 3
+
+
+def test_fp8_encoder_thread_reports_a_failing_sample(tmp_path):
+    w = ge.DurableShardWriter(tmp_path / "ds", hidden_size=96, layer_ids=(2, 8, 13, 16),
+                              fp8=True, samples_per_shard=2)
+    w.put(torch.arange(4), _states(T=4)[:, 0])  # [T, H]: the encoder's amax over dim 2 fails
+    w.put(torch.arange(4), _states(T=4))
+    assert w._encoder.is_alive() or w.error is not None
+    with pytest.raises(RuntimeError, match="shard writer failed"):
+        w.close()
+
+
 def test_durable_shard_writer_reports_a_failing_sample(tmp_path):
     w = ge.DurableShardWriter(tmp_path / "ds", hidden_size=96, layer_ids=(1, 2), fp8=False,
                               samples_per_shard=2)
