@@ -405,6 +405,12 @@ class ShardWriter:
             self._release()
             raise
         self._pending: list[dict[str, torch.Tensor]] = []
+        self._uncommitted = False  # the last shard is committed in memory, not yet on disk
+
+    # Commit each shard with the next shard's intent (or close()) rather than in a manifest
+    # write of its own: H200-x2 host, sixth session, this writer ran at 0.59 of the disk with
+    # five small fsyncs beside each shard's big one. False restores the separate commit.
+    fold_commit = True
 
     def _remove_stale_tmp(self) -> None:
         for p in self.dir.iterdir():
@@ -485,22 +491,30 @@ class ShardWriter:
             self._write_manifest()
 
         try:
-            # 1. the shard's bytes to <name>.tmp (durable), 2. the intent in the manifest,
-            # 3. the rename (inside atomic_write_bytes), 4. the commit. A crash before 2 leaves
-            # a stray .tmp (removed on resume); between 2 and 3 a pending shard without its file
-            # (dropped on resume); after 3 a pending shard that matches its sha256 (kept).
+            # 1. the shard's bytes to <name>.tmp (durable), 2. the intent in the manifest
+            # (which also commits the shard before this one), 3. the rename (inside
+            # atomic_write_bytes), 4. the commit, written with the next shard's intent or by
+            # close(). A crash before 2 leaves a stray .tmp (removed on resume); between 2 and
+            # 3 a pending shard without its file (dropped on resume); after 3 a pending shard
+            # that matches its sha256 (kept).
             atomic_write_bytes(self.dir / name, data, before_rename=intent)
         finally:
             hasher.join()
-        self.manifest.shards.append(entry)  # 4. commit
+        self.manifest.shards.append(entry)  # 4. commit, in memory
         self.manifest.pending = None
-        self._write_manifest()
+        if not self.fold_commit:
+            self._write_manifest()
+        else:  # one manifest write (file + folder fsync) per shard instead of two
+            self._uncommitted = True
         self._pending = []
 
     def close(self) -> Manifest:
         try:
             if self._lock is not None:
                 self.flush()
+                if self._uncommitted:
+                    self._write_manifest()
+                    self._uncommitted = False
         finally:
             self._release()
         return self.manifest
