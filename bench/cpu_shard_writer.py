@@ -154,12 +154,12 @@ def run_writer_nohash(d: Path, data: list[dict[str, torch.Tensor]], per_shard: i
     """Diagnostic only (the manifest's sha256 is wrong): the writer without hashing, to tell
     what the sha256 beside the write costs."""
     from vllm_compat.eagle3 import data as data_mod
-    old = data_mod._sha256_of
-    data_mod._sha256_of = lambda chunks, out: out.append("0" * 64)
+    old = data_mod._digest_of
+    data_mod._digest_of = lambda chunks, out: out.append("0" * 64)
     try:
         return run_writer(d, data, per_shard)
     finally:
-        data_mod._sha256_of = old
+        data_mod._digest_of = old
 
 
 def run_writer_nokick(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int) -> int:

@@ -77,7 +77,8 @@ def flush_without_intent(self: ShardWriter) -> None:
     self.manifest.shards.append({
         "file": name, "num_samples": len(self._pending),
         "num_tokens": sum(int(smp["input_ids"].shape[0]) for smp in self._pending),
-        "bytes": len(payload), "sha256": data.hashlib.sha256(payload).hexdigest()})
+        "bytes": len(payload), "sha256_tree": data.sha256_tree([payload]),
+        "sha256_piece": data.DIGEST_PIECE})
     self._pending = []
     self._write_manifest()
 

@@ -31,7 +31,7 @@ from vllm_compat.eagle3.data import MANIFEST, DatasetFormatError, HiddenStatesDa
 KILLS = 30
 # A seeded schedule whose kills land in all six dangerous windows (the test asserts it; when
 # the writer's call sequence changes, a seed may stop covering one: pick another).
-SEED = int(os.environ.get("VC_CRASH_SEED", "3"))
+SEED = int(os.environ.get("VC_CRASH_SEED", "5"))
 MAX_KILL_AT = 40  # calls into a life; committing a shard takes ~27 calls (a full run: ~400)
 
 

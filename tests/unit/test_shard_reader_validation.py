@@ -67,6 +67,8 @@ def rewrite(d, k: int, fn) -> None:
     raw = path.read_bytes()
 
     def update(m):
+        # the whole-file sha256 of earlier writers (still honoured) in place of the tree digest
+        m["shards"][k].pop("sha256_tree", None)
         m["shards"][k].update(bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest())
     edit_manifest(d, update)
 
