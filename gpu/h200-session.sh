@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200 device session (30 min of device time) for issues #7 and #4, vLLM 0.26.0 only
-# (#3, which needed 0.20.2 beside it, was resolved on 2026-11-29). Fifth version; what went
-# wrong in the earlier ones is in gpu/README.md.
+# (#3, which needed 0.20.2 beside it, was resolved on 2026-11-29). Sixth version (adds `x2`:
+# a two-GPU host for #4 and #9); what went wrong in the earlier ones is in gpu/README.md.
 # Run on the GPU host from /root/vc (a copy of src/ bench/ tests/ gpu/), after the staging
 # calls of gpu/README.md. Jobs run detached; every log, JSON and plot goes to /root/sess,
 # which `collect` (also run by `status` and `wait`) archives into $OUT.
@@ -23,6 +23,7 @@
 #   bash gpu/h200-session.sh target      # call 1: EAGLE-3 target training (no vLLM needed)
 #   bash gpu/h200-session.sh after-026   # last staging call: pipeline, evaluate, benchmarks
 #   bash gpu/h200-session.sh bench-all   # instead of the two above: issue #4's benchmarks only
+#   bash gpu/h200-session.sh x2          # on nvidia-h200-x2: #4's benchmarks + #9's two-GPU tests
 #   bash gpu/h200-session.sh wait [S]    # block until job-026.done or S s (540), then status
 #   bash gpu/h200-session.sh status      # progress
 #   bash gpu/h200-session.sh collect     # everything small into $OUT/h200-out.tar.gz
