@@ -68,10 +68,11 @@ class HiddenStatesExtractor:
     ``enforce_eager``) or ``"native"``. Other keywords go to ``vllm.LLM``. With
     ``tensor_parallel_size > 1`` only rank 0 hands states back (they are replicated).
     ``overlap_copy`` (TP=1; default on, ``VLLM_COMPAT_EXTRACT_OVERLAP=0`` turns it off): copy
-    each step's states to the host while the next step computes, through one reused pinned
-    buffer; off: a blocking copy per step. ``launch_ahead`` (default on at TP=1, off above;
-    ``VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=0/1`` decides): launch each step's forward before the
-    previous step's states are handed back, so the caller's work overlaps the GPU.
+    each step's states to the host while the next step computes, through reused pinned
+    buffers; off: a blocking copy per step. ``launch_ahead`` (default on at TP=1 on vLLM
+    0.11.2+, off otherwise; ``VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=0/1`` decides): keep two
+    engine steps in flight (:class:`vllm_compat.StepPipeline`), step N+1 scheduled and
+    launched before step N's output is waited for, so the GPU never idles between forwards.
     """
 
     def __init__(self, model_path: str, *, layer_ids: Sequence[int] | None = None,
