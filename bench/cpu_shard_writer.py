@@ -19,8 +19,7 @@ Sixth session (the disk path on the H200 hosts ran at 0.67-0.74 of a plain write
 - ``plain_shards`` / ``plain_shards_kick``: the plain write cut into one file per shard, each
   fsync'ed (the durability the writer gives), without / with the writeback kick
   (``vllm_compat.locking.WRITEBACK_KICK_BYTES``: ``posix_fadvise(DONTNEED)`` every 32 MiB);
-- ``writer_nokick``: ``writer`` with the kick off; ``writer_nofold``: with a manifest commit of
-  its own per shard (``ShardWriter.fold_commit = False``, as before the sixth session);
+- ``writer_nokick``: ``writer`` with the kick off;
   ``writer_nohash``: diagnostic only, sha256 replaced by a constant (what hashing costs);
 - ``c_bf16``, ``c_fp8_serial``, ``c_fp8``: ``bench/gpu_extraction.py``'s ``DurableShardWriter``
   (the GPU benchmark's path (c)) fed the samples: bf16; FP8 encoded on the writer thread (as
@@ -141,15 +140,6 @@ def run_plain_shards(d: Path, data: list[dict[str, torch.Tensor]], per_shard: in
     return n
 
 
-def run_writer_nofold(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int) -> int:
-    """The writer with a manifest commit of its own per shard (before the sixth session)."""
-    ShardWriter.fold_commit = False
-    try:
-        return run_writer(d, data, per_shard)
-    finally:
-        ShardWriter.fold_commit = True
-
-
 def run_writer_nohash(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int) -> int:
     """Diagnostic only (the manifest's sha256 is wrong): the writer without hashing, to tell
     what the sha256 beside the write costs."""
@@ -222,7 +212,6 @@ def main() -> None:
              "plain_shards": lambda d: run_plain_shards(d, data, per, kick=False),
              "plain_shards_kick": lambda d: run_plain_shards(d, data, per, kick=True),
              "writer_nokick": lambda d: run_writer_nokick(d, data, per),
-             "writer_nofold": lambda d: run_writer_nofold(d, data, per),
              "writer_nohash": lambda d: run_writer_nohash(d, data, per),
              "c_bf16": lambda d: run_durable(d, data, per, fp8=False),
              "c_fp8_serial": lambda d: run_durable(d, data, per, fp8=True, encode_thread=False),
@@ -252,13 +241,13 @@ def main() -> None:
 
 
 DEFAULT_MODES = ("plain", "before", "serial", "writer", "serial_views", "writer_views")
-EXTRA_MODES = ("plain_shards", "plain_shards_kick", "writer_nokick", "writer_nofold",
-               "writer_nohash", "c_bf16", "c_fp8_serial", "c_fp8")
+EXTRA_MODES = ("plain_shards", "plain_shards_kick", "writer_nokick", "writer_nohash", "c_bf16",
+               "c_fp8_serial", "c_fp8")
 RATIOS = (("writer", "plain"), ("before", "plain"), ("writer", "before"), ("writer", "serial"),
           ("writer_views", "serial_views"), ("plain_shards", "plain"),
           ("plain_shards_kick", "plain_shards"), ("writer", "writer_nokick"),
           ("writer", "plain_shards_kick"), ("c_bf16", "plain"), ("c_fp8", "c_fp8_serial"),
-          ("c_fp8", "plain"), ("writer", "writer_nofold"), ("writer_nohash", "writer"),
+          ("c_fp8", "plain"), ("writer_nohash", "writer"),
           ("c_bf16", "plain_shards_kick"), ("c_fp8", "plain_shards_kick"))
 
 

@@ -17,8 +17,9 @@ One process per model; the modes run one after another, each with its own engine
      copied to host).
   e  vLLM's ``extract_hidden_states`` + ``ExampleHiddenStatesConnector``: until
      ``generate()`` returns, until every file is written (lock released) and until fsync'ed.
-  a_sync (only when named) (a) with the extractor's engine settings (in-process engine core,
-     ``async_scheduling=False``): tells engine settings apart from the extractor's overhead.
+  a_sync (only when named) (a) with the extractor's engine settings before the sixth session
+     (in-process engine core, ``async_scheduling=False``; at TP=1 the extractor now builds
+     its engine with async scheduling): tells engine settings apart from its overhead.
   b_sync (only when named) (b) on b's engine with ``overlap_copy`` off (the blocking copy of
      each step's states that (b) used before the overlap): the overlap's gain, side by side.
   b_lockstep (only when named) (b) on b's engine with ``launch_ahead`` off: each step is
@@ -27,7 +28,8 @@ One process per model; the modes run one after another, each with its own engine
      first, partial launch-ahead, since made the default and then replaced).
 
 Workloads (seeded): ``--num-prompts`` (128) prompts x 1024 random token ids, and
-``--mixed-prompts`` (128) prompts of lengths uniform in 64..2048. Each is warmed up (first ``--warmup-prompts`` prompts, not timed) and timed
+``--mixed-prompts`` (128) prompts of lengths uniform in 64..2048. Each is warmed up (first
+``--warmup-prompts`` prompts, not timed) and timed
 ``--repeats`` times; tok/s = prompt tokens / wall seconds; ratios use the best run.
 Results: ``<out>/gpu_extraction-<model>.json`` (rewritten after every run, so a killed run
 leaves what it had) and ``<out>/gpu_extraction-<model>.png`` (``bench/plot_gpu_extraction.py``
@@ -70,7 +72,7 @@ EXTRA_MODES = ("a_sync", "b_sync", "b_lockstep")  # diagnostics, only when asked
 RUN_ORDER = ("a", "b", "b_lockstep", "b_sync", "c", "e", "a_sync", "d")
 DESCRIPTION = {
     "a": "vLLM generate(max_tokens=1), prefill ceiling",
-    "a_sync": "(a) with the extractor's engine settings: in-process, async_scheduling=False",
+    "a_sync": "(a) in-process with async_scheduling=False (the extractor's settings until the sixth session)",
     "b": "vllm_compat extraction into host memory",
     "b_sync": "(b) on the same engine with overlap_copy off: a blocking device->host copy per step",
     "b_lockstep": "(b) on the same engine with launch_ahead off: one step in flight at a time",
@@ -893,7 +895,8 @@ class Bench:
         return key not in self.refs and len(prompts) == len(self.workloads["fixed"]) \
             and prompts[0] == self.workloads["fixed"][0]
 
-    def mode_b(self, mode: str = "b", overlap_copy: bool = True, launch_ahead: bool | None = None) -> None:
+    def mode_b(self, mode: str = "b", overlap_copy: bool = True,
+               launch_ahead: bool | None = None) -> None:
         ex = self._extractor()
         session = ex._session
         rec = self.res["modes"][mode]

@@ -86,10 +86,12 @@ def _drive(pipe, sched, worker) -> dict:
     """Run every request to the end; what each step's ``between`` saw, per request."""
     chunks: dict[str, list[int]] = {}
     outputs: dict[str, list[int]] = {}
+    most = 0
     for _ in range(200):
         if not (pipe.in_flight or sched.has_unfinished_requests()):
             break
         pipe.fill()
+        most = max(most, pipe.in_flight)
         fs = pipe.finish()
         for rid, n in (fs.value or {}).items():
             chunks.setdefault(rid, []).append(n)
@@ -102,34 +104,30 @@ def _drive(pipe, sched, worker) -> dict:
     # extraction's first step would
     pipe.launch()
     pipe.drain()
-    return {"chunks": chunks, "outputs": outputs, "steps": pipe.num_steps}
+    return {"chunks": chunks, "outputs": outputs, "steps": pipe.num_steps, "most_in_flight": most}
 
 
-def _run(model_dir, info, depth: int, async_scheduling: bool, pipeline_cls=vc.StepPipeline):
+def _run(model_dir, depth: int, async_scheduling: bool, pipeline_cls=vc.StepPipeline):
     sched, worker, ex = _setup(model_dir, async_scheduling)
     total = free_blocks(sched)
-    seen_by_between: list[dict[str, int]] = []
-
-    def between(so):
-        seen_by_between.append(dict(so.num_scheduled_tokens))
-        return dict(so.num_scheduled_tokens)
-
-    pipe = pipeline_cls(sched, ex, depth=depth, between=between)
+    # what the extractor's collect sees: the tokens each request has in this step
+    pipe = pipeline_cls(sched, ex, depth=depth,
+                        between=lambda so: dict(so.num_scheduled_tokens))
     r = _drive(pipe, sched, worker)
     r.update(worker=worker, free_delta=total - free_blocks(sched), sched=sched)
     return r
 
 
-needs_two_phase = pytest.mark.skipif(
-    "not __import__('vllm_compat').detect().probes['two_phase_step']",
-    reason="0.10.2: execute_model is the whole step, nothing can be in flight")
+@pytest.fixture(autouse=True)
+def _two_phase(info):
+    if not info.probes["two_phase_step"]:
+        pytest.skip("0.10.2: execute_model is the whole step, nothing can be in flight")
 
 
-@needs_two_phase
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["Scheduler", "AsyncScheduler"])
-def test_two_steps_in_flight_schedule_every_prompt_token_once(model_dir, info, async_scheduling):
-    lock = _run(model_dir, info, 1, async_scheduling)
-    pipe = _run(model_dir, info, 2, async_scheduling)
+def test_two_steps_in_flight_schedule_every_prompt_token_once(model_dir, async_scheduling):
+    lock = _run(model_dir, 1, async_scheduling)
+    pipe = _run(model_dir, 2, async_scheduling)
     expect = {f"r{i}": n for i, n in enumerate(LENGTHS)}
     for r in (lock, pipe):
         assert {k: sum(v) for k, v in r["chunks"].items()} == expect  # no token twice or lost
@@ -140,6 +138,27 @@ def test_two_steps_in_flight_schedule_every_prompt_token_once(model_dir, info, a
     # the same chunks in the same steps: pipelining changes when, not what, is computed
     assert pipe["chunks"] == lock["chunks"]
     assert pipe["steps"] == lock["steps"]
+    assert (lock["most_in_flight"], pipe["most_in_flight"]) == (1, 2)  # really pipelined
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["Scheduler", "AsyncScheduler"])
+def test_has_unscheduled_tokens_agrees_with_schedule(model_dir, async_scheduling):
+    """True exactly while ``schedule()`` still finds prompt tokens (no update in between, as
+    when steps are in flight): the waiting queues differ by release, the answer must not, and
+    waiting requests without a free slot do not count."""
+    sched, _, _ = _setup(model_dir, async_scheduling)
+    ad = vc.adapter()
+    for _ in range(50):
+        if not ad.has_unscheduled_tokens(sched):
+            break
+        assert vc.schedule(sched).total_num_scheduled_tokens > 0
+    else:
+        raise AssertionError("still unscheduled tokens after 50 steps")
+    assert vc.schedule(sched).total_num_scheduled_tokens == 0
+    # every running prompt is fully scheduled; the rest wait for a free slot (max_num_seqs),
+    # which only an update frees: a predicate that counts them as schedulable fails above
+    assert all(r.num_computed_tokens >= r.num_tokens for r in sched.running)
+    assert len(sched.running) == sched.max_num_running_reqs < len(LENGTHS)
 
 
 class _SkipsEmptySteps(vc.StepPipeline):
@@ -147,8 +166,7 @@ class _SkipsEmptySteps(vc.StepPipeline):
 
     def launch(self):
         so = vc.schedule(self.scheduler)
-        if so.total_num_scheduled_tokens:
-            # schedule again is not possible: hand this one to the real path
+        if so.total_num_scheduled_tokens:  # only steps with tokens reach the worker
             step = vc.adapter().launch_model_step(
                 self.executor, so, lambda s: vc.grammar_output(self.scheduler, s),
                 self.between)
@@ -157,16 +175,14 @@ class _SkipsEmptySteps(vc.StepPipeline):
         return so
 
 
-@needs_two_phase
-def test_a_pipeline_that_skips_empty_steps_leaks_runner_state(model_dir, info):
+def test_a_pipeline_that_skips_empty_steps_leaks_runner_state(model_dir):
     """Empty steps carry finished-request ids: dropping them leaves the runner's request
     state behind (the V2 runner's per-request slots run out on a long extraction)."""
-    r = _run(model_dir, info, 2, True, pipeline_cls=_SkipsEmptySteps)
+    r = _run(model_dir, 2, True, pipeline_cls=_SkipsEmptySteps)
     assert r["worker"].live  # what the real StepPipeline's test above rules out
 
 
-@needs_two_phase
-def test_launching_before_sampling_hits_the_runner_guard(model_dir, info):
+def test_launching_before_sampling_hits_the_runner_guard(model_dir):
     """Why launch() calls sample_tokens before the next execute_model: the other order is
     the "State error" of the V1 runner (the V2 runner corrupts its state silently)."""
     sched, worker, ex = _setup(model_dir, True)

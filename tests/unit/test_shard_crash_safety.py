@@ -31,7 +31,7 @@ from vllm_compat.eagle3.data import MANIFEST, DatasetFormatError, HiddenStatesDa
 KILLS = 30
 # A seeded schedule whose kills land in all six dangerous windows (the test asserts it; when
 # the writer's call sequence changes, a seed may stop covering one: pick another).
-SEED = int(os.environ.get("VC_CRASH_SEED", "5"))
+SEED = int(os.environ.get("VC_CRASH_SEED", "3"))
 MAX_KILL_AT = 40  # calls into a life; committing a shard takes ~27 calls (a full run: ~400)
 
 
@@ -202,15 +202,9 @@ def test_resumed_writer_recovers_a_killed_commit(ctx, reference, tmp_path):
     d = tmp_path / "ds"
     probe = live(ctx, tmp_path / "probe", "atomic", None)  # the call sequence of a full run
     renamed = probe.events.index("replace shard-00000.safetensors.tmp shard-00000.safetensors")
-    # after the rename: directory fsync; the commit is written with the next shard's intent
-    # (ShardWriter.fold_commit), so the next shard's file comes first; kill right there
+    # after the rename: directory fsync, then the manifest commit starts; kill right there
     life = live(ctx, d, "atomic", renamed + 4)
-    assert life.killed and life.events[-3:] == [
-        "open .", "fsync .", "open shard-00001.safetensors.tmp"]
-    # one manifest replace per shard (the intent, carrying the previous commit), one when the
-    # writer opens the folder and one in close(): not two per shard
-    shards = sum(e.startswith("replace shard-") for e in probe.events)
-    assert sum(e.startswith("replace manifest") for e in probe.events) == shards + 2
+    assert life.killed and life.events[-3:] == ["open .", "fsync .", "open manifest.json.tmp"]
     m = read_manifest(d)
     assert m.shards == [] and m.pending["file"] == "shard-00000.safetensors"
     assert (d / "shard-00000.safetensors").exists()

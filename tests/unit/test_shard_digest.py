@@ -50,6 +50,7 @@ def test_writer_records_the_tree_digest_and_recovery_honours_both(tmp_path):
     path = tmp_path / "ds" / entry["file"]
     assert "sha256" not in entry and entry["sha256_piece"] == data.DIGEST_PIECE
     assert entry["sha256_tree"] == reference(path.read_bytes(), data.DIGEST_PIECE)
-    assert data._digest_mismatch(path, entry) is None
-    assert data._digest_mismatch(path, {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}) is None
-    assert data._digest_mismatch(path, dict(entry, sha256_tree="0" * 64)) == "sha256"
+    assert data._digests_match(path, entry)
+    assert data._digests_match(path, {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+    assert not data._digests_match(path, dict(entry, sha256_tree="0" * 64))
+    assert not data._digests_match(path, {"sha256": "0" * 64})

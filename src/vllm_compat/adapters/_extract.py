@@ -44,6 +44,7 @@ from vllm import LLM, SamplingParams
 from vllm_compat.extract.ordering import BatchLayout, split_batch
 from vllm_compat.rpc import collective_rpc, runner_flavour
 from vllm_compat.requests import make_request
+from vllm_compat.detect import detect
 from vllm_compat.step import StepPipeline
 
 from ._serve import free_gpu_memory, shutdown_engine
@@ -75,11 +76,6 @@ _ENV_AUX = "VLLM_COMPAT_AUX_LAYERS"
 
 
 # --------------------------------------------------------------------------- planning
-
-
-def _two_phase_step() -> bool:
-    from vllm.v1.executor.abstract import Executor
-    return hasattr(Executor, "sample_tokens")  # 0.11.2+: execute_model, then sample_tokens
 
 
 def _model_class(model_path: str, cfg: Mapping[str, Any]) -> type | None:
@@ -537,7 +533,7 @@ class Session:
         # output placeholders; the V1 runner then hands its sampled tokens back without a
         # sync). In-process (TP=1) and 0.11.2+ (two-phase step) only; native runs generate().
         self._pipelined_engine = (tensor_parallel_size == 1 and self.plan.mode != "native"
-                                  and _two_phase_step())
+                                  and detect().probes["two_phase_step"])
         if "async_scheduling" in fields:  # 0.11+
             args["async_scheduling"] = kw.pop("async_scheduling", self._pipelined_engine)
         if max_model_len is not None:

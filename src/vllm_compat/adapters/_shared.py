@@ -571,7 +571,12 @@ def two_phase_step(target: Any, scheduler_output: Any, grammar_output: Any = Non
     """``execute_model`` then, when it returns None, ``sample_tokens`` (vLLM 0.11+)."""
     out = resolve_output(_call_step(target, "execute_model", scheduler_output))
     if out is None:
-        out = resolve_output(_call_step(target, "sample_tokens", grammar_output))
+        out = _call_step(target, "sample_tokens", grammar_output)
+    return _final_output(out)
+
+
+def _final_output(out: Any) -> ModelRunnerOutput:
+    out = resolve_output(out)
     if out is None:
         # The V2 runner returns None from sample_tokens when execute_model failed.
         raise VllmCompatError("model step produced no output (execute_model failed?)")
@@ -595,13 +600,7 @@ class LaunchedStep:
         self._out = out
 
     def result(self) -> ModelRunnerOutput:
-        out = resolve_output(self._out)
-        if out is None:
-            # The V2 runner returns None from sample_tokens when execute_model failed.
-            raise VllmCompatError("model step produced no output (execute_model failed?)")
-        if not isinstance(out, ModelRunnerOutput):
-            raise VllmCompatError(f"model step returned {type(out).__name__}, not ModelRunnerOutput")
-        return out
+        return _final_output(self._out)
 
 
 def launch_two_phase_step(target: Any, scheduler_output: Any,
@@ -622,12 +621,17 @@ def launch_two_phase_step(target: Any, scheduler_output: Any,
 
 
 def has_unscheduled_tokens(scheduler: Scheduler) -> bool:
-    """Whether ``schedule()`` would find prompt tokens left: a waiting request, or a running
-    one whose computed tokens (advanced when scheduled) have not reached its length."""
-    # 0.2x added `skipped_waiting` beside `waiting` (requests passed over this step).
-    if len(scheduler.waiting) or len(getattr(scheduler, "skipped_waiting", ()) or ()):
+    """Whether ``schedule()`` would find prompt tokens left: a running request whose computed
+    tokens (advanced when scheduled) have not reached its length, or a waiting one with room
+    to start (``max_num_seqs``). False is exact; True can still meet a full KV cache."""
+    if any(r.num_computed_tokens < r.num_tokens for r in scheduler.running):
         return True
-    return any(r.num_computed_tokens < r.num_tokens for r in scheduler.running)
+    # Waiting = unfinished minus running: the waiting queues differ by release (0.18.1 added
+    # `skipped_waiting` beside `waiting`, 0.31 replaced it with `kv_holding_waiting`), the
+    # count covers them all.
+    running = len(scheduler.running)
+    return (scheduler.get_num_unfinished_requests() > running
+            and running < scheduler.max_num_running_reqs)
 
 
 def _call_step(target: Any, name: str, arg: Any) -> Any:

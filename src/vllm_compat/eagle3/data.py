@@ -13,8 +13,9 @@ convention: id ``k`` is the state *entering* decoder layer ``k``; ``L`` is the f
 Crash safety (docs/reliability-data.md). The writer is append-only and holds the directory's
 lock (:mod:`vllm_compat.locking`). Every file is written to ``<name>.tmp``, fsynced, renamed,
 and the directory fsynced. A shard is committed in four steps: its bytes are written to
-``<name>.tmp`` and fsynced (sha256 computed beside the write), the manifest records it as
-``pending`` (name, sample and token counts, size, sha256), the file is renamed to its name,
+``<name>.tmp`` and fsynced (its digest, :func:`sha256_tree`, computed beside the write), the
+manifest records it as ``pending`` (name, sample and token counts, size, digest), the file is
+renamed to its name,
 the manifest moves it to ``shards``. So at any instant, a crash included, the shard files
 present are the committed shards plus possibly the pending one (complete: it is renamed only
 after its fsync); a reader ignores the pending shard, and a resumed writer keeps it when its
@@ -267,14 +268,14 @@ def _sha256(path: Path) -> str:
 # the disk (writer without hashing: 1.0). Manifests keep it as "sha256_tree" beside
 # "sha256_piece"; "sha256" (whole file, earlier writers) is still checked where present.
 DIGEST_PIECE = 16 << 20
+HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
 _hash_pool: ThreadPoolExecutor | None = None
 
 
 def _pool() -> ThreadPoolExecutor:
     global _hash_pool
     if _hash_pool is None:
-        _hash_pool = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
-                                        thread_name_prefix="shard-sha256")
+        _hash_pool = ThreadPoolExecutor(max_workers=HASH_THREADS, thread_name_prefix="shard-sha256")
     return _hash_pool
 
 
@@ -315,26 +316,24 @@ def _file_pieces(path: Path, piece: int) -> Iterator[bytes]:
 
 
 def _sha256_tree_file(path: Path, piece: int) -> str:
-    # map() reads ahead of the hashing; a few pieces in flight at a time, not the whole file
+    # Executor.map takes its whole input at once: read a few pieces per call, not the file
     out: list[bytes] = []
     batch: list[bytes] = []
     for block in _file_pieces(path, piece):
         batch.append(block)
-        if len(batch) == 2 * (_pool()._max_workers or 1):
+        if len(batch) == 2 * HASH_THREADS:
             out += _pool().map(_sha256_views, ([b] for b in batch))
             batch = []
     out += _pool().map(_sha256_views, ([b] for b in batch))
     return hashlib.sha256(b"".join(out)).hexdigest()
 
 
-def _digest_mismatch(path: Path, entry: Mapping[str, Any]) -> str | None:
-    """Which recorded digest the file no longer matches (None: all that are recorded match)."""
+def _digests_match(path: Path, entry: Mapping[str, Any]) -> bool:
+    """Whether the file matches every digest its manifest entry records."""
     if "sha256" in entry and _sha256(path) != entry["sha256"]:
-        return "sha256"
-    if "sha256_tree" in entry and _sha256_tree_file(
-            path, int(entry.get("sha256_piece", DIGEST_PIECE))) != entry["sha256_tree"]:
-        return "sha256"
-    return None
+        return False
+    return "sha256_tree" not in entry or _sha256_tree_file(
+        path, int(entry.get("sha256_piece", DIGEST_PIECE))) == entry["sha256_tree"]
 
 
 def check_shard(path: str | os.PathLike[str], entry: dict[str, Any], manifest: Manifest, *,
@@ -379,7 +378,7 @@ def check_shard(path: str | os.PathLike[str], entry: dict[str, Any], manifest: M
     if tokens != entry["num_tokens"]:
         raise InvalidShardError(path, f"holds {tokens} tokens, {MANIFEST} says {entry['num_tokens']}")
     if full:
-        if _digest_mismatch(path, entry):
+        if not _digests_match(path, entry):
             raise InvalidShardError(path, f"sha256 differs from {MANIFEST} (the file changed after it was written)")
         with safe_open(str(path), framework="pt") as f:
             for j in range(len(samples)):
@@ -479,12 +478,6 @@ class ShardWriter:
             self._release()
             raise
         self._pending: list[dict[str, torch.Tensor]] = []
-        self._uncommitted = False  # the last shard is committed in memory, not yet on disk
-
-    # Commit each shard with the next shard's intent (or close()) rather than in a manifest
-    # write of its own: H200-x2 host, sixth session, this writer ran at 0.59 of the disk with
-    # five small fsyncs beside each shard's big one. False restores the separate commit.
-    fold_commit = True
 
     def _remove_stale_tmp(self) -> None:
         for p in self.dir.iterdir():
@@ -507,7 +500,7 @@ class ShardWriter:
         if p is None:
             return
         path = _member(self.dir, p["file"], where)
-        if path.is_file() and ("sha256" in p or "sha256_tree" in p) and not _digest_mismatch(path, p):
+        if path.is_file() and ("sha256" in p or "sha256_tree" in p) and _digests_match(path, p):
             self.manifest.shards.append(p)  # complete: renamed only after its fsync
         elif path.exists():
             path.unlink()
@@ -565,30 +558,22 @@ class ShardWriter:
             self._write_manifest()
 
         try:
-            # 1. the shard's bytes to <name>.tmp (durable), 2. the intent in the manifest
-            # (which also commits the shard before this one), 3. the rename (inside
-            # atomic_write_bytes), 4. the commit, written with the next shard's intent or by
-            # close(). A crash before 2 leaves a stray .tmp (removed on resume); between 2 and
-            # 3 a pending shard without its file (dropped on resume); after 3 a pending shard
-            # that matches its sha256 (kept).
+            # 1. the shard's bytes to <name>.tmp (durable), 2. the intent in the manifest,
+            # 3. the rename (inside atomic_write_bytes), 4. the commit. A crash before 2 leaves
+            # a stray .tmp (removed on resume); between 2 and 3 a pending shard without its file
+            # (dropped on resume); after 3 a pending shard that matches its digest (kept).
             atomic_write_bytes(self.dir / name, data, before_rename=intent)
         finally:
             hasher.join()
-        self.manifest.shards.append(entry)  # 4. commit, in memory
+        self.manifest.shards.append(entry)  # 4. commit
         self.manifest.pending = None
-        if not self.fold_commit:
-            self._write_manifest()
-        else:  # one manifest write (file + folder fsync) per shard instead of two
-            self._uncommitted = True
+        self._write_manifest()
         self._pending = []
 
     def close(self) -> Manifest:
         try:
             if self._lock is not None:
                 self.flush()
-                if self._uncommitted:
-                    self._write_manifest()
-                    self._uncommitted = False
         finally:
             self._release()
         return self.manifest
