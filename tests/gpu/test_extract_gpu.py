@@ -166,8 +166,8 @@ def _assert_same_chunked_run(a: dict, b: dict, name: str) -> None:
 
 
 def test_overlapped_copy_equals_blocking_copy(ckpts):
-    """The default hands each step's states over one step late (HostStaging: pinned buffer,
-    side-stream copy); the blocking copy is the reference. Chunked, so one request's chunks
+    """The default copies each step's states through a pinned buffer on a side stream while
+    the next forward runs (HostStaging); the blocking copy is the reference. Chunked, so one request's chunks
     land in consecutive steps and the pinned buffers are reused every step."""
     kind = "llama"
     a = run(ckpts, kind, "chunked-overlap", max_num_batched_tokens=48)
