@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from vllm_compat.eagle3.data import HiddenStatesDataset, ShardWriter
-from vllm_compat.eagle3.train import StepBatches, collate, prefetched
+from vllm_compat.eagle3.training import StepBatches, collate, prefetched
 
 
 def collate_float32(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -898,7 +898,7 @@ class Bench:
     def mode_b(self, mode: str = "b", overlap_copy: bool = True,
                launch_ahead: bool | None = None) -> None:
         ex = self._extractor()
-        session = ex._session
+        session = ex._engine
         rec = self.res["modes"][mode]
         rec.update(startup_s=self.extractor_startup if mode == "b" else 0.0,
                    extractor=self.extractor_info, overlap_copy=overlap_copy,

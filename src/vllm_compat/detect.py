@@ -92,10 +92,10 @@ def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
         from .adapters import load
 
         try:
-            shared = load("_shared")
+            common = load("_common")
         except ImportError as exc:
             raise VllmNotInstalledError(f"vLLM {text} is installed but cannot be imported: {exc}") from exc
-        probes = shared.probes()
+        probes = common.probes()
         routing = versions.route(v, probes)
         try:
             module = load(routing.era.module)

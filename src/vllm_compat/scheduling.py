@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from typing import Any, Iterable, Sequence
 
 from .detect import adapter
@@ -16,7 +19,25 @@ def make_vllm_config(model: str | None = None, **kwargs: Any) -> Any:
     ``max_model_len``, ``max_num_batched_tokens``, ``max_num_seqs``,
     ``enable_chunked_prefill``, ``async_scheduling`` (default False), ``device``, ``dtype``.
     """
+    if model is None:
+        model = write_tiny_llama_config(tempfile.mkdtemp(prefix="vllm-compat-model-"))
     return adapter().vllm_config(model, **kwargs)
+
+
+def write_tiny_llama_config(directory: str | os.PathLike[str], **overrides: Any) -> str:
+    """Only a ``config.json`` for a tiny Llama: enough for a real ``ModelConfig`` and
+    scheduler (no weights, no tokenizer)."""
+    cfg = dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
+        intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
+        num_hidden_layers=2, vocab_size=1024, max_position_embeddings=2048,
+        rms_norm_eps=1e-5, torch_dtype="float32", bos_token_id=1, eos_token_id=2,
+    )
+    cfg.update(overrides)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return str(directory)
 
 
 def make_kv_cache_config(num_blocks: int, block_size: int, *, layer_names: Iterable[str] = (

@@ -23,7 +23,7 @@ class Era:
 
     name: str
     first: Version  # first base version covered (inclusive)
-    module: str  # module under vllm_compat.adapters
+    module: str  # module under vllm_compat.adapters that implements it
     # Probe values every release of the era shows; used to verify or override the version.
     signature: Mapping[str, bool] = field(default_factory=dict)
     summary: str = ""
@@ -41,12 +41,12 @@ ERAS: tuple[Era, ...] = (
         "execute_model + sample_tokens; Request(eos_token_id=...) required",
     ),
     Era(
-        "v0_17", Version("0.17.0"), "v0_17",
+        "v0_17", Version("0.17.0"), "_common",
         {"two_phase_step": True, "request_takes_eos": False, "fixed_none_hash_seed": False},
         "Request without eos_token_id; NONE_HASH random per process unless PYTHONHASHSEED",
     ),
     Era(
-        "v0_29", Version("0.29.0"), "v0_29",
+        "v0_29", Version("0.29.0"), "_common",
         {"two_phase_step": True, "request_takes_eos": False, "fixed_none_hash_seed": True},
         "model runner V2 by default; NONE_HASH fixed for sha256",
     ),

@@ -49,6 +49,6 @@ def vllm_version(info):
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    from vllm_compat.adapters._shared import write_tiny_llama_config
+    from vllm_compat.testing.models import write_tiny_llama_config
 
     return write_tiny_llama_config(tmp_path_factory.mktemp("tiny-llama"))

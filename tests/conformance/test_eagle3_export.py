@@ -17,8 +17,8 @@ from packaging.version import Version
 
 from vllm_compat.eagle3.export import export
 from vllm_compat.eagle3.model import DraftConfig, Eagle3Draft
-from vllm_compat.eagle3.synthetic import write_target
-from vllm_compat.eagle3.train import save_final
+from vllm_compat.testing.synthetic import write_target
+from vllm_compat.eagle3.training import save_final
 from vllm_compat.eagle3.validate import read_checkpoint, validate
 
 L, H, V, DV = 8, 16, 96, 32

@@ -1,11 +1,10 @@
 """Which capture path the extractor picks, against this release's real model classes (CPU).
 
-``adapters._extract.plan`` resolves the architecture through vLLM's own ``ModelRegistry`` and
+``runtime.capture_plan.plan`` resolves the architecture through vLLM's own ``ModelRegistry`` and
 decides between vLLM's aux-hidden-state path (works with torch.compile / CUDA graphs) and
 forward hooks (eager only). The table below is what the real wheels hold, each row with the
 vLLM change behind it; the GPU tests (tests/gpu/test_extract_gpu.py) check the states
-themselves. The H200 run of 2026-11-29 on 0.20.2 (DeepSeek-V3 with id L: hooks) is the case
-that made the fallback note unconditional.
+themselves.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import warnings
 import pytest
 from packaging.version import Version
 
-from vllm_compat.adapters import _extract as X
+from vllm_compat.runtime import capture_plan as X
 
 L = 4
 # (architecture, final state L asked for) -> first release whose aux path serves it

@@ -30,31 +30,11 @@ def prompts(seed: int = 0) -> list[list[int]]:
 
 
 def build(kind: str, path: str) -> str:
-    """Save a tiny random ``kind`` (llama | qwen3 | deepseek_v3) checkpoint in bf16.
-
-    Llama and DeepSeek-V3 (Kimi-K2.5's backbone shape, MLA + MoE, scaled down) come from
-    :func:`vllm_compat.eagle3.tiny_models.build_tiny`, the builder the end-to-end run uses."""
-    import transformers as tf
-    if kind != "qwen3":
-        from vllm_compat.eagle3.tiny_models import build_tiny
-        return build_tiny(kind, path, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2,
-                          max_position_embeddings=MAX_LEN)
-    torch.manual_seed(2)
-    cfg = tf.Qwen3Config(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                         vocab_size=VOCAB, max_position_embeddings=MAX_LEN, rms_norm_eps=1e-6,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    model = tf.Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        # Spread the logits so prompt logprobs are sensitive to the final state.
-        model.lm_head.weight.mul_(10.0)
-    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
-    with open(os.path.join(path, "config.json")) as f:
-        saved = json.load(f)
-    saved.setdefault("torch_dtype", "bfloat16")
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(saved, f, indent=1)
-    return path
+    """Save a tiny random ``kind`` (llama | qwen3 | deepseek_v3) checkpoint in bf16, with
+    logits spread so prompt logprobs are sensitive to the final state."""
+    from vllm_compat.testing.models import build_model
+    return build_model(kind, path, vocab_size=VOCAB, max_position_embeddings=MAX_LEN,
+                       seed={"llama": 1, "qwen3": 2, "deepseek_v3": 3}[kind], logit_scale=10.0)
 
 
 class HFReference:

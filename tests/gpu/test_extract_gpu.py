@@ -197,9 +197,9 @@ def test_launch_ahead_equals_lockstep(ckpts, model):
         free0, total = ex.kv_blocks()
         it = ex.extract(ps)
         first = next(it)
-        assert ex._session._pipe.in_flight == 1  # the next step is in flight
+        assert ex._engine._pipe.in_flight == 1  # the next step is in flight
         it.close()  # early stop: aborts the rest
-        assert not ex._session.has_unfinished()
+        assert not ex._engine.has_unfinished()
         assert ex.kv_blocks() == (free0, total)
         again = list(ex.extract(ps[:2]))  # the engine is usable afterwards
     assert M.rel_err(first.hidden_states, b["samples"][0].hidden_states) <= 1e-3
@@ -294,9 +294,8 @@ def test_native_backend_llama_and_mla_fallback(ckpts):
     M.record("native:llama", rel=rel, info=n["info"])
     assert rel <= TOL_SAME
     # MLA: refused by vLLM's connector -> our planner falls back with a clear warning.
-    from vllm_compat.adapters import load
     from vllm_compat.extract.layers import read_model_config
-    ad = load("_extract")
+    from vllm_compat.runtime import capture_plan as ad
     cfg = read_model_config(ckpts["deepseek_v3"])
     with pytest.warns(UserWarning, match="refuses MLA models"):
         p = ad.plan(ckpts["deepseek_v3"], cfg, (0, 4), 4, backend="native", enforce_eager=False)

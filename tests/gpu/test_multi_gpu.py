@@ -128,7 +128,7 @@ def _train(tmp_path, name: str, nproc: int, batch: int, inputs) -> list[dict]:
 @TWO_GPUS
 def test_torchrun_two_gpus_follows_single_gpu_curve(tmp_path):
     from vllm_compat.eagle3 import export, validate
-    from vllm_compat.eagle3.synthetic import write_dataset, write_target
+    from vllm_compat.testing.synthetic import write_dataset, write_target
     from vllm_compat.eagle3.vocab import build_vocab
 
     write_target(tmp_path / "target")

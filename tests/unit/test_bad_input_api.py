@@ -171,7 +171,7 @@ def test_converters_name_the_valid_range():
 
 def test_eagle3_extract_step_refuses_bad_aux_ids(tmp_path):
     from vllm_compat.eagle3.extract_step import aux_layer_ids_for
-    from vllm_compat.eagle3.synthetic import write_target
+    from vllm_compat.testing.synthetic import write_target
 
     target = write_target(tmp_path / "t", num_hidden_layers=8)
     assert _raises(ValueError, aux_layer_ids_for, target, [2, 9]) == (
@@ -186,8 +186,8 @@ def drafts(tmp_path_factory):
     """Target A (hidden 16, vocab 96, 8 layers), a draft trained and exported for it, and
     targets B (hidden 32, vocab 128, another architecture) and C (A with 12 layers)."""
     from vllm_compat.eagle3.export import export
-    from vllm_compat.eagle3.synthetic import write_dataset, write_target
-    from vllm_compat.eagle3.train import TrainConfig, train
+    from vllm_compat.testing.synthetic import write_dataset, write_target
+    from vllm_compat.eagle3.training import TrainConfig, train
     from vllm_compat.eagle3.vocab import build_vocab
 
     d = tmp_path_factory.mktemp("another-target")
@@ -274,7 +274,7 @@ def test_export_refuses_another_target(drafts, tmp_path, other, message):
 
 
 def _train_cfg(drafts, tmp_path, target, vocab="vocabA"):
-    from vllm_compat.eagle3.train import TrainConfig
+    from vllm_compat.eagle3.training import TrainConfig
 
     return TrainConfig(dataset=str(drafts / "dsA"), target=str(drafts / target), vocab=str(drafts / vocab),
                        output_dir=str(tmp_path / "run"), batch_size=2, dtype="fp32", progress=False,
@@ -295,7 +295,7 @@ def _train_cfg(drafts, tmp_path, target, vocab="vocabA"):
      "(build_vocab(..., 96, ...))"),
 ])
 def test_train_refuses_a_dataset_or_vocab_for_another_target(drafts, tmp_path, target, vocab, message):
-    from vllm_compat.eagle3.train import train
+    from vllm_compat.eagle3.training import train
 
     msg = _raises(TargetMismatchError, train, _train_cfg(drafts, tmp_path, target, vocab))
     assert msg == message.format(ds=drafts / "dsA", A=drafts / "A", t=drafts / target)

@@ -1,4 +1,10 @@
-"""Architecture rules: vLLM is imported only by adapters, and every adapter has the same API."""
+"""Architecture rules: where vLLM may be imported, and which layer may import which.
+
+The era modules' function set is checked by the type checker (``adapters.AdapterAPI``, the
+``typecheck`` nox session) and, on each real release, by the conformance suite.
+"""
+
+from __future__ import annotations
 
 import ast
 import pathlib
@@ -6,12 +12,23 @@ import re
 import subprocess
 import sys
 
-import pytest
-
-from vllm_compat.adapters import ADAPTER_FUNCTIONS
-from vllm_compat.versions import ERAS
-
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "vllm_compat"
+VLLM_ALLOWED = ("adapters", "runtime")
+
+# Lowest first. A module may import modules of its own layer or of lower ones, never of a
+# higher one; the first matching prefix decides a module's layer.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "versions"),
+    ("adapters",),
+    ("detect",),
+    ("hashing", "requests", "scheduling", "step", "rpc", "locking",
+     "extract.layers", "extract.ordering", "extract.staging"),
+    ("runtime",),
+    ("extract",),
+    ("eagle3", "speculators"),
+    ("testing",),
+    ("cli", "__init__"),
+)
 
 
 def _vllm_imports(path: pathlib.Path) -> list[str]:
@@ -28,11 +45,89 @@ def _vllm_imports(path: pathlib.Path) -> list[str]:
     return found
 
 
-def test_vllm_imported_only_in_adapters():
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _known_modules() -> set[str]:
+    return {_module_name(p) for p in SRC.rglob("*.py")}
+
+
+def _imports(path: pathlib.Path, known: set[str]) -> set[str]:
+    """vllm_compat modules ``path`` imports, at module level or inside functions (a lazy
+    import is still a dependency). ``from . import x`` names the module ``x`` when it is one."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                mod = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith("vllm_compat"):
+                mod = node.module.removeprefix("vllm_compat").lstrip(".")
+            else:
+                continue
+            for alias in node.names:
+                sub = f"{mod}.{alias.name}" if mod else alias.name
+                out.add(sub if sub in known else mod or "__init__")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("vllm_compat."):
+                    out.add(alias.name.removeprefix("vllm_compat."))
+    return {m for m in out if m != me and (m in known or m == "__init__")}
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _known_modules()
+    return {_module_name(p): _imports(p, known) for p in SRC.rglob("*.py")}
+
+
+def _layer(module: str) -> int:
+    best = None
+    for rank, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (rank, len(prefix))
+    assert best is not None, f"{module} belongs to no layer: add it to LAYERS"
+    return best[0]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state, stack = [], {}, []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                found.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    return found
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{a} ({_layer(a)}) imports {b} ({_layer(b)})"
+            for a, deps in sorted(graph.items()) for b in sorted(deps) if _layer(a) < _layer(b)]
+
+
+def test_vllm_imported_only_in_adapters_and_runtime():
     offenders = {
         str(p.relative_to(SRC)): _vllm_imports(p)
         for p in SRC.rglob("*.py")
-        if "adapters" not in p.relative_to(SRC).parts and _vllm_imports(p)
+        if p.relative_to(SRC).parts[0] not in VLLM_ALLOWED and _vllm_imports(p)
     }
     assert offenders == {}
 
@@ -49,35 +144,40 @@ def test_import_vllm_compat_does_not_import_vllm():
     assert out.stdout.strip() == "False"
 
 
-def _adapter_api(module_file: pathlib.Path) -> set[str]:
-    names = set()
-    for node in ast.parse(module_file.read_text()).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):  # e.g. new_request = request_factory(...)
-            names |= {t.id for t in node.targets if isinstance(t, ast.Name) and not t.id.startswith("_")}
-        elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module == "_shared":
-            names |= {a.asname or a.name for a in node.names if not (a.asname or a.name).startswith("_")}
-    return names
+def test_import_graph_has_no_cycle():
+    assert _cycles(_graph()) == []
 
 
-@pytest.mark.parametrize("era", ERAS, ids=lambda e: e.name)
-def test_every_adapter_has_the_same_function_set(era):
-    api = _adapter_api(SRC / "adapters" / f"{era.module}.py")
-    assert set(ADAPTER_FUNCTIONS) <= api, sorted(set(ADAPTER_FUNCTIONS) - api)
-    extra = api - set(ADAPTER_FUNCTIONS) - {"ERA"}
-    assert not extra, f"{era.module} exposes functions no other adapter has: {sorted(extra)}"
+def test_no_layer_imports_a_higher_one():
+    assert _upward(_graph()) == []
+
+
+def test_the_graph_checks_catch_a_cycle_and_an_upward_import():
+    graph = {"adapters._common": {"eagle3.validate"}, "eagle3.validate": {"adapters._common"}}
+    assert _cycles(graph) == [["adapters._common", "eagle3.validate", "adapters._common"]]
+    assert _upward(graph) == ["adapters._common (1) imports eagle3.validate (6)"]
+
+
+def test_the_graph_sees_lazy_and_relative_imports():
+    graph = _graph()
+    assert "runtime.extraction" in graph["extract"]          # lazy, inside a method
+    assert "versions" in graph["detect"]                     # from . import versions
+    assert "adapters" in graph["detect"]                     # from .adapters import load
 
 
 def test_version_branches_carry_a_comment():
-    """Every probe-based branch in the adapters is preceded by a comment naming the change."""
+    """Every probe-based branch in adapters/ and runtime/ is preceded by a comment naming
+    the vLLM change (a release number) behind it."""
     missing = []
-    for path in (SRC / "adapters").glob("*.py"):
-        lines = path.read_text().splitlines()
-        for i, line in enumerate(lines):
-            s = line.strip()
-            if s.startswith(("if ", "elif ")) and any(k in s for k in ("hasattr(", "in _params(", "in {f.name", '"ndarray"')):
-                window = " ".join(lines[max(0, i - 4):i])
-                if not re.search(r"#.*\b0\.\d+", window):
-                    missing.append(f"{path.name}:{i + 1}: {s}")
+    for folder in VLLM_ALLOWED:
+        for path in (SRC / folder).glob("*.py"):
+            lines = path.read_text().splitlines()
+            for i, line in enumerate(lines):
+                s = line.strip()
+                probe = any(k in s for k in ("hasattr(", "in _params(", "in {f.name", '"ndarray"',
+                                             "VLLM_VERSION"))
+                if s.startswith(("if ", "elif ")) and probe:
+                    window = " ".join(lines[max(0, i - 4):i + 1])
+                    if not re.search(r"#.*\b0\.\d+", window):
+                        missing.append(f"{folder}/{path.name}:{i + 1}: {s}")
     assert missing == []

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vllm_compat.eagle3.cli import add_parser, main
-from vllm_compat.eagle3.synthetic import write_dataset, write_target
+from vllm_compat.testing.synthetic import write_dataset, write_target
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

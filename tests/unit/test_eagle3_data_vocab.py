@@ -14,7 +14,7 @@ from vllm_compat.eagle3.data import (
     ShardWriter,
     read_manifest,
 )
-from vllm_compat.eagle3.synthetic import write_dataset, write_target
+from vllm_compat.testing.synthetic import write_dataset, write_target
 from vllm_compat.eagle3.vocab import VocabMapping, build_mapping, build_vocab, count_tokens
 
 

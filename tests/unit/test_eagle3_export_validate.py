@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vllm_compat.eagle3.export import export
-from vllm_compat.eagle3.synthetic import write_dataset, write_target
-from vllm_compat.eagle3.train import TrainConfig, train
+from vllm_compat.testing.synthetic import write_dataset, write_target
+from vllm_compat.eagle3.training import TrainConfig, train
 from vllm_compat.eagle3.validate import CheckpointValidationError, validate
 from vllm_compat.eagle3.vocab import build_vocab
 

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from vllm_compat.eagle3.cli import main
 from vllm_compat.eagle3.data import HiddenStatesDataset
 from vllm_compat.eagle3.extract_step import aux_layer_ids_for, extract_dataset
-from vllm_compat.eagle3.hf_reference import make_tiny_llama
+from vllm_compat.testing.models import build_model
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -20,8 +20,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture
 def target(tmp_path):
-    return make_tiny_llama(tmp_path / "target", vocab_size=64, hidden_size=16, num_hidden_layers=8,
-                           num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
+    return build_model("llama", tmp_path / "target", dtype=torch.float32, vocab_size=64,
+                       hidden_size=16, num_hidden_layers=8,
+                       num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
 
 
 def _prepared(tmp_path, n):

@@ -10,15 +10,17 @@ import torch
 pytest.importorskip("transformers")
 
 from vllm_compat.eagle3.data import HiddenStatesDataset
-from vllm_compat.eagle3.hf_reference import extract_with_transformers, make_tiny_llama
+from vllm_compat.eagle3.hf_reference import extract_with_transformers
+from vllm_compat.testing.models import build_model
 from vllm_compat.eagle3.model import TargetHead
 from vllm_compat.eagle3.target import load_target_tensors, read_target
 
 
 def test_final_slot_reproduces_the_targets_logits(tmp_path):
     torch.set_num_threads(1)
-    target = make_tiny_llama(tmp_path / "target", vocab_size=64, hidden_size=16, num_hidden_layers=4,
-                             num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
+    target = build_model("llama", tmp_path / "target", dtype=torch.float32, vocab_size=64,
+                       hidden_size=16, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
     ids = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(0))
     (tmp_path / "prep").mkdir()
     (tmp_path / "prep" / "prepared.jsonl").write_text("".join(

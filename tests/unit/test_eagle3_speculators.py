@@ -12,8 +12,8 @@ pytest.importorskip("speculators", reason="speculators is not installed (optiona
 
 from vllm_compat.eagle3.export import export
 from vllm_compat.eagle3.model import DraftConfig, Eagle3Draft
-from vllm_compat.eagle3.synthetic import write_target
-from vllm_compat.eagle3.train import save_final
+from vllm_compat.testing.synthetic import write_target
+from vllm_compat.eagle3.training import save_final
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 import torch
 
-from vllm_compat.eagle3.synthetic import write_dataset, write_target
-from vllm_compat.eagle3.train import (
+from vllm_compat.testing.synthetic import write_dataset, write_target
+from vllm_compat.eagle3.training import (
     CHECKPOINTS,
     METRICS_CSV,
     METRICS_PNG,
@@ -140,7 +140,7 @@ def test_prefetching_thread_gives_the_same_run(inputs, tmp_path):
 
 
 def test_collate_keeps_bf16_and_equals_float32_padding():
-    from vllm_compat.eagle3.train import collate
+    from vllm_compat.eagle3.training import collate
 
     g = torch.Generator().manual_seed(0)
     samples = [{"input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.bool),
@@ -159,7 +159,7 @@ def test_collate_keeps_bf16_and_equals_float32_padding():
 def test_prefetched_order_errors_and_early_stop():
     import threading
 
-    from vllm_compat.eagle3.train import prefetched
+    from vllm_compat.eagle3.training import prefetched
 
     seen: list[str] = []
 
@@ -189,7 +189,7 @@ def test_device_resident_samples_give_the_same_run(inputs, tmp_path):
     they fit) and padded there give the same batches in the same order as reading the files
     every step: identical loss curve, data order and weights. Here the device is the CPU."""
     from vllm_compat.eagle3.data import HiddenStatesDataset
-    from vllm_compat.eagle3.train import DeviceSamples, device_cache_fits
+    from vllm_compat.eagle3.training import DeviceSamples, device_cache_fits
 
     a = train(_cfg(inputs, tmp_path / "files", device_cache=False, max_steps=6))
     b = train(_cfg(inputs, tmp_path / "cached", device_cache=True, max_steps=6))

@@ -97,7 +97,7 @@ def test_every_writer_of_an_output_directory_takes_the_lock(holder, tmp_path):
             extract_dataset(target, tmp_path / "no-records", out, backend=backend)
         assert str(err.value) == holder.message(out)
 
-    from vllm_compat.eagle3.train import TrainConfig, train
+    from vllm_compat.eagle3.training import TrainConfig, train
 
     with pytest.raises(OutputDirLockedError) as err:  # before reading dataset, target or vocab
         train(TrainConfig(dataset="nowhere", target="nowhere", vocab="nowhere", output_dir=str(out)))

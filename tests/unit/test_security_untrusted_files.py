@@ -64,7 +64,7 @@ def test_speculators_sample_with_pickled_code_is_refused_and_not_run(tmp_path):
 
 
 def test_training_checkpoint_with_pickled_code_is_refused_and_not_run(tmp_path):
-    from vllm_compat.eagle3.train import load_checkpoint
+    from vllm_compat.eagle3.training import load_checkpoint
 
     marker = tmp_path / "ran"
     path = tmp_path / "step-00000001.pt"

@@ -16,7 +16,6 @@ tmp + fsync + rename) is left torn by a kill during the save.
 from __future__ import annotations
 
 import csv
-import importlib
 import io
 import multiprocessing
 import os
@@ -29,8 +28,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vllm_compat.eagle3.synthetic import write_dataset, write_target
-from vllm_compat.eagle3.train import (
+from vllm_compat.testing.synthetic import write_dataset, write_target
+from vllm_compat.eagle3.training import (
     CHECKPOINTS, DATA_ORDER_CSV, METRICS_CSV, TrainConfig, load_checkpoint, train,
 )
 from vllm_compat.eagle3.vocab import build_vocab
@@ -71,7 +70,7 @@ def reference(inputs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ctx():
     c = multiprocessing.get_context("forkserver")
-    c.set_forkserver_preload(["torch", "vllm_compat.eagle3.train", __name__])
+    c.set_forkserver_preload(["torch", "vllm_compat.eagle3.training", __name__])
     return c
 
 
@@ -81,7 +80,7 @@ def ctx():
 def _child(cfg: dict, opts: dict) -> None:
     """Runs ``train`` in a forked process; ``opts`` slow it down or make it die mid-save."""
     torch.set_num_threads(1)
-    T = importlib.import_module("vllm_compat.eagle3.train")  # the package exports train()
+    from vllm_compat.eagle3 import training as T
 
     if opts.get("slow"):  # a step takes >= slow seconds, so a kill can land on any step
         collate = T.collate
@@ -282,7 +281,7 @@ def test_a_resume_without_the_optimizer_state_is_caught(inputs, reference, tmp_p
 
 
 def test_a_resume_without_the_data_order_is_caught(inputs, reference, tmp_path, monkeypatch):
-    T = importlib.import_module("vllm_compat.eagle3.train")  # the package exports train()
+    from vllm_compat.eagle3 import training as T
 
     cfg = _stopped_at_step_6(inputs, tmp_path)
     order = T.epoch_order

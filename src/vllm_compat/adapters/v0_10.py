@@ -14,20 +14,9 @@ from typing import Any, Callable
 from vllm.utils import get_hash_fn_by_name
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
-from ._shared import (  # noqa: F401  (re-exported: part of the adapter function set)
-    attach_block_hasher, block_hashes, collective_rpc, current_none_hash, hash_function_names,
-    init_none_hash, kv_cache_config, model_runner_output, new_scheduler, probes,
-    request_block_hasher, resolve_output, runner_flavour, schedule,
-    scheduler_hash_block_size, update_from_output, version, vllm_config,
-    has_unscheduled_tokens,
-)
-from ._shared import LaunchedStep as _LaunchedStep
-from ._shared import _call_step
-from ._shared import eos_in_request as _eos_in_request
-from ._shared import request_factory as _request_factory
 from ..errors import VllmCompatError
-
-ERA = "v0_10"
+from ._common import *  # noqa: F403  (the common adapter; this era redefines what follows)
+from ._common import LaunchedStep, call_step, eos_in_request, request_factory, resolve_output
 
 
 def hash_function(name: str) -> Callable[[Any], bytes]:
@@ -35,14 +24,14 @@ def hash_function(name: str) -> Callable[[Any], bytes]:
 
 
 def _v0_10_request_kwargs(kw: dict[str, Any], eos_token_id: int | None) -> None:
-    _eos_in_request(kw, eos_token_id)
+    eos_in_request(kw, eos_token_id)
     sp = kw["sampling_params"]
     # 0.10.2 builds the structured-output request in from_engine_core_request; 0.11
     # moved that into Request itself.
     kw["structured_output_request"] = StructuredOutputRequest(sampling_params=sp) if sp else None
 
 
-new_request = _request_factory(_v0_10_request_kwargs)
+new_request = request_factory(_v0_10_request_kwargs)
 
 
 def grammar_output(scheduler: Any, scheduler_output: Any) -> None:
@@ -52,7 +41,7 @@ def grammar_output(scheduler: Any, scheduler_output: Any) -> None:
 
 def run_model_step(target: Any, scheduler_output: Any, grammar_output: Any = None) -> Any:
     """0.10.2: ``execute_model`` already samples and returns the final output."""
-    out = resolve_output(_call_step(target, "execute_model", scheduler_output))
+    out = resolve_output(call_step(target, "execute_model", scheduler_output))
     if out is None:
         raise VllmCompatError("execute_model returned no output")
     return out
@@ -60,9 +49,9 @@ def run_model_step(target: Any, scheduler_output: Any, grammar_output: Any = Non
 
 def launch_model_step(target: Any, scheduler_output: Any,
                       grammar_output_fn: Callable[[Any], Any] | None = None,
-                      between: Callable[[Any], Any] | None = None) -> _LaunchedStep:
+                      between: Callable[[Any], Any] | None = None) -> LaunchedStep:
     """0.10.2: ``execute_model`` is the whole step (it has sampled when it returns), so
     nothing is left in flight; ``between`` runs after it (hooks still hold the states)."""
-    out = resolve_output(_call_step(target, "execute_model", scheduler_output))
+    out = resolve_output(call_step(target, "execute_model", scheduler_output))
     value = between(scheduler_output) if between is not None else None
-    return _LaunchedStep(scheduler_output, value, out)
+    return LaunchedStep(scheduler_output, value, out)

@@ -2,7 +2,7 @@
 
 Each step is a function here and a ``vllm-compat eagle3 <step>`` command (:mod:`.cli`).
 Nothing in this package imports vLLM; ``validate`` replays the installed vLLM's loading
-through ``vllm_compat.adapters._eagle3`` when vLLM is present. Needs torch, safetensors,
+through :mod:`vllm_compat.runtime.speculative` when vLLM is present. Needs torch, safetensors,
 tqdm (and transformers for ``prepare``; matplotlib for the training plot).
 """
 
@@ -22,7 +22,7 @@ try:
     from .data import HiddenStatesDataset, Manifest, ShardWriter, read_manifest
     from .export import export
     from .prepare import PrepareReport, prepare
-    from .train import TrainConfig, TrainResult, train
+    from .training import TrainConfig, TrainResult, train
     from .validate import CheckpointValidationError, Problem, Report, validate
     from .vocab import VocabMapping, build_mapping, build_vocab
 except ImportError as exc:  # torch / safetensors missing: keep `eagle3.cli` importable

@@ -49,7 +49,7 @@ def _vocab(a: argparse.Namespace) -> int:
 
 
 def _train(a: argparse.Namespace) -> int:
-    from .train import TrainConfig, train
+    from .training import TrainConfig, train
 
     cfg = TrainConfig(
         dataset=a.dataset, target=a.target, vocab=a.vocab, output_dir=a.output, epochs=a.epochs,

@@ -23,7 +23,7 @@ Every configuration runs in ``try``/``except``: a failure is recorded (message a
 of the traceback) and the others continue. ``evaluate.json`` is rewritten after every
 configuration (a killed run still reports), ``evaluate.md`` holds the summary table, and
 ``evaluate.png`` the plots when matplotlib is installed. Nothing here imports vLLM; the
-engine side is :mod:`vllm_compat.adapters._serve`.
+engine side is :mod:`vllm_compat.runtime.llm`.
 """
 
 from __future__ import annotations
@@ -233,9 +233,7 @@ def evaluate(cfg: EvalConfig, *, serve: Any = None, log: Any = print) -> dict[st
     prompts, paths = build_prompts(Path(target) / "tokenizer.json", cfg.prompts_file, cfg.prompt_len, n)
     runs = {"batch1": prompts[: cfg.batch1_prompts], f"batch{cfg.batch_prompts}": prompts[: cfg.batch_prompts]}
     if serve is None:
-        from ..adapters import load
-
-        serve = load("_serve")
+        from ..runtime import llm as serve
     result: dict[str, Any] = {
         "label": cfg.label, "config": asdict(cfg), "target": target,
         "draft": str(Path(cfg.draft).resolve()) if cfg.draft else None, "vllm_version": serve.version(),

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from ..errors import TargetMismatchError
 from .model import DraftConfig
 from .target import TargetInfo, read_target
-from .train import load_final
+from .training import load_final
 
 SPECULATORS_FORMAT_VERSION = "0.9.0"  # the speculators config layout this follows
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -12,39 +12,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from .data import ShardWriter
 from .prepare import iter_token_records
-
-
-def make_tiny_llama(
-    directory: str | os.PathLike[str],
-    *,
-    vocab_size: int = 512,
-    hidden_size: int = 32,
-    num_hidden_layers: int = 6,
-    num_attention_heads: int = 4,
-    num_key_value_heads: int = 2,
-    intermediate_size: int = 64,
-    seed: int = 0,
-    **extra: Any,
-) -> str:
-    """A randomly initialised Llama saved with ``save_pretrained`` (safetensors)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
-        intermediate_size=intermediate_size, max_position_embeddings=2048, tie_word_embeddings=False,
-        **extra,
-    )
-    model = LlamaForCausalLM(cfg)
-    model.save_pretrained(str(directory))
-    return str(directory)
 
 
 @torch.no_grad()

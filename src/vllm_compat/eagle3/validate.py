@@ -2,7 +2,7 @@
 
 :func:`check` compares a speculators-format checkpoint with its target and, when given,
 with what the installed vLLM makes of it (a :class:`ServingView`, produced by
-``vllm_compat.adapters._eagle3``). Each failure is a :class:`Problem` with a stable code and
+``vllm_compat.runtime.speculative``). Each failure is a :class:`Problem` with a stable code and
 a message that says what vLLM would do. :func:`validate` loads everything and raises
 :class:`CheckpointValidationError` listing every error found.
 """
@@ -45,7 +45,7 @@ class Problem:
 
 @dataclass
 class ServingView:
-    """What the installed vLLM builds from the checkpoint (filled in by the adapter)."""
+    """What the installed vLLM builds from the checkpoint (read by :mod:`vllm_compat.runtime.speculative`)."""
 
     vllm_version: str
     num_speculative_tokens: int
@@ -310,9 +310,10 @@ def validate(
 
         with_vllm = importlib.util.find_spec("vllm") is not None
     if with_vllm and not structure_problems(ck.config):
-        from ..adapters import _eagle3
+        from ..runtime.speculative import serving_view
 
-        report.serving = _eagle3.serving_view(str(checkpoint_dir), str(target_dir) if target_dir else None)
+        report.serving = ServingView(**serving_view(str(checkpoint_dir),
+                                                    str(target_dir) if target_dir else None))
     report.problems = check(ck, target, report.serving)
     if raise_on_error and report.errors:
         raise CheckpointValidationError(report.errors)

@@ -21,7 +21,7 @@ Usage::
 Capture uses vLLM's own aux-hidden-state path (configured before torch.compile / CUDA-graph
 capture) where the model supports the requested ids, forward hooks (eager only) otherwise,
 or ``backend="native"``: vLLM's ``extract_hidden_states`` method (0.17.1+, not MLA).
-This module does not import vLLM; the engine side is ``vllm_compat.adapters._extract``.
+This module does not import vLLM; the engine side is :mod:`vllm_compat.runtime.extraction`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,14 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 from .layers import (
-    eagle3_default_layers, from_hf_indices, from_speculators_indices, hidden_size_from_config,
-    num_layers_from_config, read_model_config, resolve_layer_ids, to_speculators_indices,
+    eagle3_default_layers,
+    from_hf_indices,
+    from_speculators_indices,
+    hidden_size_from_config,
+    num_layers_from_config,
+    read_model_config,
+    resolve_layer_ids,
+    to_speculators_indices,
     validate_layer_ids,
 )
 from .ordering import OrderedAssembler, check_prompt, windows
@@ -90,15 +96,14 @@ class HiddenStatesExtractor:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
         self.max_model_len = max_model_len
-        from vllm_compat.adapters import load
-        self._ad = load("_extract")
-        self._session = self._ad.Session(
+        from vllm_compat.runtime.extraction import ExtractionEngine  # imports vLLM
+        self._engine = ExtractionEngine(
             self.model_path, self.config, self.layer_ids, self.num_layers, backend=backend,
             tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization, overlap_copy=overlap_copy,
             launch_ahead=launch_ahead, llm_kwargs=llm_kwargs)
-        mml = self._session.llm.llm_engine.model_config.max_model_len
+        mml = self._engine.llm.llm_engine.model_config.max_model_len
         self._max_prompt = int(mml) - 1
         vocab = self.config.get("vocab_size") or (self.config.get("text_config") or {}).get(
             "vocab_size")
@@ -107,26 +112,26 @@ class HiddenStatesExtractor:
     @property
     def info(self) -> dict[str, Any]:
         """What ran: vLLM version, runner (v1/v2), capture mode, model class, eager, steps."""
-        return dict(self._session.info, steps=self._session.num_steps,
-                    max_step_tokens=self._session.max_step_tokens,
+        return dict(self._engine.info, steps=self._engine.num_steps,
+                    max_step_tokens=self._engine.max_step_tokens,
                     phase_s={k: round(v, 4) for k, v in
-                             getattr(self._session, "phase_s", {}).items()})
+                             getattr(self._engine, "phase_s", {}).items()})
 
     def kv_blocks(self) -> tuple[int, int]:
         """``(free, total)`` KV-cache blocks; between ``extract`` calls every block but the
         null block must be free again (a leak check for long runs). Not for ``native``."""
-        if self._session.plan.mode == "native":
+        if self._engine.plan.mode == "native":
             raise RuntimeError("kv_blocks() needs the aux or hooks backend (native runs "
                                "through LLM.generate, whose engine core is not ours)")
-        return self._session.kv_blocks()
+        return self._engine.kv_blocks()
 
     @property
     def llm(self) -> Any:
-        return self._session.llm
+        return self._engine.llm
 
     def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float | None]]:
         """vLLM's own ``prompt_logprobs`` of each prompt token (for cross-checks)."""
-        return self._session.prompt_logprobs(prompts)
+        return self._engine.prompt_logprobs(prompts)
 
     def _sample(self, index: int, ids: list[int], hs: Any) -> ExtractedSample:
         import torch
@@ -139,9 +144,9 @@ class HiddenStatesExtractor:
         """Yield one :class:`ExtractedSample` per prompt, in input order, as they finish."""
         checked = (
             (i, check_prompt(i, p, self._max_prompt, self._vocab)) for i, p in enumerate(prompts))
-        if self._session.plan.mode == "native":
+        if self._engine.plan.mode == "native":
             for win in windows(checked, self.max_in_flight):
-                states = self._session.run_native([(str(i), ids) for i, ids in win])
+                states = self._engine.run_native([(str(i), ids) for i, ids in win])
                 for (i, ids), hs in zip(win, states):
                     yield self._sample(i, ids, hs)
             return
@@ -152,7 +157,7 @@ class HiddenStatesExtractor:
         finally:
             left = list(asm.missing())
             if left:  # consumer stopped early or an error: free the engine's requests
-                self._session.abort(left)
+                self._engine.abort(left)
 
     def _drive(self, checked: Iterator[tuple[int, list[int]]], tag: int,
                asm: OrderedAssembler) -> Iterator[ExtractedSample]:
@@ -166,19 +171,19 @@ class HiddenStatesExtractor:
                 i, ids = nxt
                 key = f"vcx{tag}-{i}"
                 asm.register(i, key, ids)
-                self._session.add(key, ids)
+                self._engine.add(key, ids)
             if asm.running == 0:
                 if asm.in_flight:
                     raise RuntimeError("assembler holds requests that never finish")
                 break
-            asm.feed_many(self._session.step())
+            asm.feed_many(self._engine.step())
             for i, ids, hs in asm.pop_ready():
                 yield self._sample(i, ids, hs)
-        if self._session.has_unfinished():
+        if self._engine.has_unfinished():
             raise RuntimeError("the engine still has unfinished requests after extraction")
 
     def close(self) -> None:
-        self._session.close()
+        self._engine.close()
 
     def __enter__(self) -> "HiddenStatesExtractor":
         return self

@@ -1,4 +1,5 @@
-"""End-to-end EAGLE-3 run on one GPU machine: ``python -m vllm_compat.eagle3.e2e <phase> --work W --out O``.
+"""End-to-end EAGLE-3 run on one GPU machine: ``python -m examples.eagle3_e2e <phase> --work W --out O``
+(from the repository root, with vllm_compat installed).
 
 Phases (each re-runnable; every step is timed and appended to ``W/e2e.jsonl`` as it ends, and
 the whole list is mirrored to ``O/e2e.json``, so a killed run still reports):
@@ -12,7 +13,7 @@ the whole list is mirrored to ``O/e2e.json``, so a killed run still reports):
   extract (vLLM through ``vllm_compat.extract``, or ``--extract-backend transformers`` on CPU)
   -> vocab -> train the draft (``--draft-minutes`` of wall clock or ``--draft-steps``) ->
   export -> validate. ``llama`` uses the trained target; ``deepseek`` builds the tiny random
-  DeepSeek-V3 (MLA + MoE) of :mod:`.tiny_models` over the same tokenizer and data.
+  DeepSeek-V3 (MLA + MoE) of :mod:`vllm_compat.testing.models` over the same tokenizer and data.
 - ``evaluate --model ...``: :mod:`.evaluate` on the held-out prompts (vLLM).
 - ``all``: target, then pipeline and evaluate for ``--model``.
 
@@ -299,9 +300,8 @@ def self_distill(target: Path, prepared: list[dict[str, Any]], n: int, prompt_le
                  engine: dict[str, Any], seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The target's greedy continuations of ``n`` training prompts (the first ``prompt_len``
     tokens of prepared records) as training records; the loss mask is on every token but the first."""
-    from ..adapters import load
+    from vllm_compat.runtime import llm as serve
 
-    serve = load("_serve")
     prompts = self_distill_prompts(prepared, n, prompt_len, seed)
     t0 = time.perf_counter()
     llm = serve.open_llm(str(target), log_stats=False, **engine)
@@ -325,10 +325,10 @@ def extract_budgeted(target: Path, records_dir: Path, output_dir: Path, aux: Seq
                      dtype: Any, samples_per_shard: int = 256, **extractor_kwargs: Any) -> dict[str, Any]:
     """``extract_step.extract_dataset``'s vLLM path with a wall-clock stop: samples come back in
     input order, so stopping early leaves a dataset of the first records (resumable as usual)."""
-    from ..extract import HiddenStatesExtractor
-    from ..extract.layers import hidden_size_from_config, num_layers_from_config, read_model_config
-    from .data import BackgroundShardWriter, ShardWriter
-    from .prepare import iter_token_records
+    from vllm_compat.extract import HiddenStatesExtractor
+    from vllm_compat.extract.layers import hidden_size_from_config, num_layers_from_config, read_model_config
+    from vllm_compat.eagle3.data import BackgroundShardWriter, ShardWriter
+    from vllm_compat.eagle3.prepare import iter_token_records
 
     cfg = read_model_config(str(target))
     n = num_layers_from_config(cfg)
@@ -371,14 +371,10 @@ def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | Non
                 calib_steps: int = 40) -> dict[str, Any]:
     """``train.train`` on ``device`` for ``steps`` steps, or as many as fit in ``minutes`` (calibration
     included, measured with three short runs); the cosine schedule spans the steps actually run."""
-    import importlib
-
     import torch
 
-    from .data import HiddenStatesDataset
-
-    # the module, not the function the package re-exports under the same name
-    T = importlib.import_module(f"{__package__}.train")
+    from vllm_compat.eagle3 import training as T
+    from vllm_compat.eagle3.data import HiddenStatesDataset
 
     t_all = time.perf_counter()
     dataset = HiddenStatesDataset(cfg_kwargs["dataset"])
@@ -459,12 +455,12 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
     import torch
 
     from .corpus import TRAIN_CHUNKS
-    from .export import export
-    from .extract_step import aux_layer_ids_for, extract_dataset
-    from .prepare import PREPARED, prepare
-    from .target import read_target
-    from .validate import validate
-    from .vocab import build_vocab
+    from vllm_compat.eagle3.export import export
+    from vllm_compat.eagle3.extract_step import aux_layer_ids_for, extract_dataset
+    from vllm_compat.eagle3.prepare import PREPARED, prepare
+    from vllm_compat.eagle3.target import read_target
+    from vllm_compat.eagle3.validate import validate
+    from vllm_compat.eagle3.vocab import build_vocab
 
     work = Path(a.work)
     mdir = work / a.model
@@ -474,13 +470,15 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
         r.update(wait_marker(work, "target" if a.model == "llama" else "tokenizer", a.wait_timeout))
     if a.model == "deepseek":
         with rec.step("build_deepseek_v3") as r:
-            from .tiny_models import build_tiny
+            from vllm_compat.testing.models import build_model
+
             from .tokenizer_train import BOS, EOS, PAD
 
             tok = json.loads((work / "tokenizer" / "tokenizer_report.json").read_text())
-            build_tiny("deepseek_v3", target, vocab_size=tok["vocab_size"], bos_token_id=tok["bos_token_id"],
-                       eos_token_id=tok["eos_token_id"], pad_token_id=tok["pad_token_id"],
-                       max_position_embeddings=a.max_position, tokenizer_dir=work / "tokenizer")
+            build_model("deepseek_v3", target, seed=3, logit_scale=10.0, vocab_size=tok["vocab_size"],
+                        bos_token_id=tok["bos_token_id"], eos_token_id=tok["eos_token_id"],
+                        pad_token_id=tok["pad_token_id"], max_position_embeddings=a.max_position,
+                        tokenizer_dir=work / "tokenizer")
             r.update(path=str(target), special=[BOS, EOS, PAD], config=read_target(target).config.get("architectures"))
     tinfo = read_target(target)
     with rec.step("prepare") as r:
@@ -558,7 +556,7 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
 
 
 def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
-    from .evaluate import EvalConfig, evaluate
+    from vllm_compat.eagle3.evaluate import EvalConfig, evaluate
 
     work = Path(a.work)
     mdir = work / a.model
@@ -592,7 +590,7 @@ def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vllm_compat.eagle3.e2e", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m examples.eagle3_e2e", description=__doc__.split("\n\n")[0])
     p.add_argument("phase", choices=("target", "pipeline", "evaluate", "all"))
     p.add_argument("--work", required=True, help="work directory (kept between phases)")
     p.add_argument("--out", help="directory for reports, logs and plots (e.g. $OUT)")
@@ -718,6 +716,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log(f"could not copy reports to {out}: {exc}")
     return rc
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -89,14 +89,3 @@ def train_tokenizer(
            "train_bytes": Path(text_file).stat().st_size, "wall_s": round(time.perf_counter() - t0, 2)}
     (Path(output_dir) / "tokenizer_report.json").write_text(json.dumps(rep, indent=1))
     return rep
-
-
-def copy_tokenizer(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-    """Copy the saved tokenizer files (not the report) into a checkpoint directory."""
-    import shutil
-
-    Path(dst).mkdir(parents=True, exist_ok=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        p = Path(src) / name
-        if p.is_file():
-            shutil.copy2(p, Path(dst) / name)

@@ -18,8 +18,6 @@ from typing import Any
 import vllm
 from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
-from ..eagle3.validate import ServingView
-
 _LLAMA_EAGLE3 = "vllm.model_executor.models.llama_eagle3"
 
 
@@ -47,9 +45,9 @@ def draft_hf_config(checkpoint_dir: str, target_dir: str | None = None) -> Any:
         return SpeculatorsConfig.from_pretrained(checkpoint_dir)
     from vllm.config import SpeculativeConfig
 
-    from ._shared import vllm_config
+    from ..scheduling import make_vllm_config
 
-    target = vllm_config(target_dir)
+    target = make_vllm_config(target_dir)
     sc = SpeculativeConfig(
         model=checkpoint_dir, method="eagle3",
         num_speculative_tokens=_num_tokens(checkpoint_dir),
@@ -86,7 +84,9 @@ def _supported(architectures: list[str]) -> bool:
     return all(a in ModelRegistry.get_supported_archs() for a in architectures)
 
 
-def serving_view(checkpoint_dir: str, target_dir: str | None = None) -> ServingView:
+def serving_view(checkpoint_dir: str, target_dir: str | None = None) -> dict[str, Any]:
+    """The fields of :class:`vllm_compat.eagle3.validate.ServingView`: what the installed vLLM
+    builds from the checkpoint (``config_error`` set when its own config parsing raised)."""
     # vLLM treats a relative path that is not an existing directory as a hub id
     checkpoint_dir = str(Path(checkpoint_dir).resolve())
     target_dir = str(Path(target_dir).resolve()) if target_dir is not None else None
@@ -100,13 +100,15 @@ def serving_view(checkpoint_dir: str, target_dir: str | None = None) -> ServingV
         spec = speculative_config_dict(cfg)
         hf = draft_hf_config(checkpoint_dir, target_dir)
     except (ValueError, TypeError, KeyError) as exc:
-        return ServingView(vllm.__version__, 0, [], None, True, None, default, 0,
-                           config_error=f"{type(exc).__name__}: {exc}")
+        return dict(vllm_version=vllm.__version__, num_speculative_tokens=0, architectures=[],
+                    draft_vocab_size=None, norm_before_residual=True, aux_layer_ids=None,
+                    default_aux_layer_ids=default, fc_input_size=0,
+                    config_error=f"{type(exc).__name__}: {exc}")
     # 0.11 started reading the draft's eagle_aux_hidden_state_layer_ids (vllm#25961);
     # 0.10 always feeds the target's get_eagle3_aux_hidden_state_layers() default.
     ids = getattr(hf, "eagle_aux_hidden_state_layer_ids", None)
     archs = list(getattr(hf, "architectures", None) or [])
-    return ServingView(
+    return dict(
         vllm_version=vllm.__version__,
         num_speculative_tokens=int(spec["num_speculative_tokens"]),
         architectures=archs,

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .data import ShardWriter
+from ..eagle3.data import ShardWriter
 
 
 def write_target(

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .corpus import EVAL_DOCS, TRAIN_DOCS, read_jsonl
-from .tokenizer_train import copy_tokenizer
+from vllm_compat.testing.models import copy_tokenizer
 
 REPORT = "train_report.json"
 

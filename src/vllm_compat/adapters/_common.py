@@ -1,10 +1,13 @@
-"""Implementations shared by several era adapters.
+"""The adapter of the newest eras (``v0_17``: 0.17-0.28, ``v0_29``: 0.29+), and the base of the others.
 
 Every function here only touches vLLM symbols that exist, with the same meaning, in
-every supported release (0.10.2 onward). Where one era differs, that era's module
-defines its own version instead of importing the one here; the per-release drift that
-is too small for an era of its own is handled with a probe, commented with the vLLM
-change behind it.
+every supported release (0.10.2 onward), except where a function names the release it
+needs. An older era's module (``v0_10``, ``v0_11``) imports everything from here and
+redefines what differs in its releases; the per-release drift that is too small for an
+era of its own is handled here with a probe, commented with the vLLM change behind it.
+
+What separates ``v0_17`` from ``v0_29`` is not code but behaviour the probes report: 0.29
+seeds ``NONE_HASH`` from a fixed value for sha256 and makes Model Runner V2 the default.
 """
 
 from __future__ import annotations
@@ -12,9 +15,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
-import json
-import os
-import tempfile
 from concurrent.futures import Future
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
@@ -30,6 +30,17 @@ from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
 from ..errors import UnsupportedFeatureError, VllmCompatError
+
+# The adapter function set (vllm_compat.adapters.AdapterAPI): what an era module gets from
+# ``from ._common import *`` before it redefines what differs in its releases.
+__all__ = [
+    "version", "probes", "hash_function", "hash_function_names", "init_none_hash",
+    "current_none_hash", "request_block_hasher", "block_hashes", "attach_block_hasher",
+    "new_request", "vllm_config", "kv_cache_config", "new_scheduler",
+    "scheduler_hash_block_size", "schedule", "update_from_output", "has_unscheduled_tokens",
+    "grammar_output", "model_runner_output", "run_model_step", "launch_model_step",
+    "resolve_output", "collective_rpc", "runner_flavour",
+]
 
 HIDDEN_STATES_CONNECTOR_MODULE = (
     "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
@@ -99,10 +110,18 @@ def probes() -> dict[str, bool]:
 # --------------------------------------------------------------------------- hashing
 
 
+def hash_function(name: str) -> Callable[[Any], bytes]:
+    # 0.11 moved the hash helpers from vllm.utils to vllm.utils.hashing (v0_10 overrides this).
+    from vllm.utils.hashing import get_hash_fn_by_name
+
+    return get_hash_fn_by_name(name)
+
+
 def hash_function_names() -> tuple[str, ...]:
     """The algorithm names ``get_hash_fn_by_name`` accepts in this release."""
-    from vllm.config.cache import PrefixCachingHashAlgo
     from typing import get_args
+
+    from vllm.config.cache import PrefixCachingHashAlgo
 
     return tuple(get_args(PrefixCachingHashAlgo))
 
@@ -443,23 +462,8 @@ def _filtered(cls: type, kw: dict[str, Any]) -> Any:
     return cls(**{k: v for k, v in kw.items() if k in accepted})
 
 
-def write_tiny_llama_config(directory: str | os.PathLike[str], **overrides: Any) -> str:
-    """A config.json for a tiny Llama, enough for a real ModelConfig (no weights, no tokenizer)."""
-    cfg = dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
-        intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
-        num_hidden_layers=2, vocab_size=1024, max_position_embeddings=2048,
-        rms_norm_eps=1e-5, torch_dtype="float32", bos_token_id=1, eos_token_id=2,
-    )
-    cfg.update(overrides)
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    return str(directory)
-
-
 def vllm_config(
-    model: str | None = None,
+    model: str,
     *,
     block_size: int = 16,
     enable_prefix_caching: bool = True,
@@ -475,11 +479,9 @@ def vllm_config(
 ) -> VllmConfig:
     """A real VllmConfig for driving the scheduler without an engine (CPU is fine).
 
-    ``model`` is a local directory with a ``config.json``; without one a tiny Llama
-    config is written to a temp dir. No tokenizer is loaded and no hub is contacted.
+    ``model`` is a local directory with a ``config.json``. No tokenizer is loaded and no
+    hub is contacted.
     """
-    if model is None:
-        model = write_tiny_llama_config(tempfile.mkdtemp(prefix="vllm-compat-model-"))
     mc_kw: dict[str, Any] = dict(
         model=model, tokenizer=model, skip_tokenizer_init=True, dtype=dtype,
         enforce_eager=True, max_model_len=max_model_len, seed=0,
@@ -567,11 +569,11 @@ def collective_rpc(
     return replies[rank]
 
 
-def two_phase_step(target: Any, scheduler_output: Any, grammar_output: Any = None) -> ModelRunnerOutput:
+def run_model_step(target: Any, scheduler_output: Any, grammar_output: Any = None) -> ModelRunnerOutput:
     """``execute_model`` then, when it returns None, ``sample_tokens`` (vLLM 0.11+)."""
-    out = resolve_output(_call_step(target, "execute_model", scheduler_output))
+    out = resolve_output(call_step(target, "execute_model", scheduler_output))
     if out is None:
-        out = _call_step(target, "sample_tokens", grammar_output)
+        out = call_step(target, "sample_tokens", grammar_output)
     return _final_output(out)
 
 
@@ -603,13 +605,13 @@ class LaunchedStep:
         return _final_output(self._out)
 
 
-def launch_two_phase_step(target: Any, scheduler_output: Any,
-                          grammar_output_fn: Callable[[Any], Any] | None = None,
-                          between: Callable[[Any], Any] | None = None) -> LaunchedStep:
+def launch_model_step(target: Any, scheduler_output: Any,
+                      grammar_output_fn: Callable[[Any], Any] | None = None,
+                      between: Callable[[Any], Any] | None = None) -> LaunchedStep:
     """0.11+: ``execute_model`` (launches the forward, returns None), ``between``, then
     ``sample_tokens`` without waiting for its output where the target can (an Executor's
     ``non_block=True``, 0.11.2+: a Future, resolved by ``LaunchedStep.result``)."""
-    out = resolve_output(_call_step(target, "execute_model", scheduler_output))
+    out = resolve_output(call_step(target, "execute_model", scheduler_output))
     value = between(scheduler_output) if between is not None else None
     if out is None:  # a step with tokens: the output comes from sample_tokens
         grammar = grammar_output_fn(scheduler_output) if grammar_output_fn is not None else None
@@ -634,7 +636,7 @@ def has_unscheduled_tokens(scheduler: Scheduler) -> bool:
             and running < scheduler.max_num_running_reqs)
 
 
-def _call_step(target: Any, name: str, arg: Any) -> Any:
+def call_step(target: Any, name: str, arg: Any) -> Any:
     fn = getattr(target, name, None)
     if fn is None:
         raise VllmCompatError(f"{type(target).__name__} has no {name}()")

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
-from vllm_compat.eagle3 import corpus as C  # noqa: E402
+from examples.eagle3_e2e import corpus as C  # noqa: E402
 from vllm_compat.eagle3 import evaluate as E  # noqa: E402
 
 try:  # vLLM's own snapshot classes when vLLM is installed (not in the CPU test env)
@@ -99,7 +99,7 @@ def test_corpus_split_is_deterministic_and_disjoint(fake_stdlib, tmp_path):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(fake_stdlib, tmp_path_factory) -> Path:
-    from vllm_compat.eagle3.tokenizer_train import train_tokenizer
+    from examples.eagle3_e2e.tokenizer_train import train_tokenizer
 
     d = tmp_path_factory.mktemp("corpus")
     C.build_corpus(d, root=fake_stdlib, eval_fraction=0.2, chunk_chars=600)
@@ -123,7 +123,7 @@ def test_tokenizer_round_trip_and_autotokenizer(tokenizer_dir):
 
 
 def _tiny_target_cfg(tokenizer_dir: Path, out: Path, **kw):
-    from vllm_compat.eagle3.target_train import TargetTrainConfig
+    from examples.eagle3_e2e.target_train import TargetTrainConfig
 
     base = dict(corpus_dir=str(tokenizer_dir), tokenizer_dir=str(tokenizer_dir / "tok"), output_dir=str(out),
                 hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -136,7 +136,7 @@ def _tiny_target_cfg(tokenizer_dir: Path, out: Path, **kw):
 def test_target_training_lowers_loss_and_reloads_identically(tokenizer_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vllm_compat.eagle3.target_train import train_target
+    from examples.eagle3_e2e.target_train import train_target
 
     rep, model = train_target(_tiny_target_cfg(tokenizer_dir, tmp_path / "t"), log=lambda *_: None,
                               return_model=True)
@@ -157,7 +157,7 @@ def test_target_training_lowers_loss_and_reloads_identically(tokenizer_dir, tmp_
 
 
 def test_eval_windows_are_disjoint_and_capped():
-    from vllm_compat.eagle3.target_train import eval_windows
+    from examples.eagle3_e2e.target_train import eval_windows
 
     stream = torch.arange(1000)
     report, select = eval_windows(stream, 10, 30)
@@ -171,7 +171,7 @@ def test_eval_windows_are_disjoint_and_capped():
 
 
 def test_pipeline_phase_on_cpu_through_export_and_validate(fake_stdlib, tmp_path):
-    from vllm_compat.eagle3 import e2e
+    from examples.eagle3_e2e import e2e
 
     work, out = tmp_path / "w", tmp_path / "out"
     common = ["--work", str(work), "--out", str(out), "--device", "cpu"]
@@ -212,7 +212,7 @@ def test_a_lost_report_folder_does_not_fail_a_finished_step(tmp_path, capsys):
     record lives in work/; the out/ copy is best effort (recreated, or skipped with a log)."""
     import shutil
 
-    from vllm_compat.eagle3 import e2e
+    from examples.eagle3_e2e import e2e
 
     work, out = tmp_path / "w", tmp_path / "out"
     rec = e2e.Recorder(work, out, "target")
@@ -231,7 +231,7 @@ def test_a_lost_report_folder_does_not_fail_a_finished_step(tmp_path, capsys):
 
 
 def test_pipeline_reports_a_failed_target_phase(tmp_path):
-    from vllm_compat.eagle3 import e2e
+    from examples.eagle3_e2e import e2e
 
     work = tmp_path / "w"
     work.mkdir()
@@ -246,7 +246,7 @@ def test_pipeline_fails_fast_when_the_target_process_died(tmp_path):
     import sys
     import time
 
-    from vllm_compat.eagle3 import e2e
+    from examples.eagle3_e2e import e2e
 
     work = tmp_path / "w"
     work.mkdir()
@@ -397,7 +397,7 @@ def test_summary_markdown_and_plot(tmp_path):
 def test_self_distill_prompts_reach_the_requested_count():
     """One prompt per record capped the 2026-11-29 run at 2967 of 4096; windows deeper into
     the records make up the rest, all distinct, all prompt_len long, seeded."""
-    from vllm_compat.eagle3.e2e import self_distill_prompts
+    from examples.eagle3_e2e.e2e import self_distill_prompts
 
     recs = [{"input_ids": list(range(1000 * i, 1000 * i + n))} for i, n in enumerate([600, 50, 300, 1000, 64])]
     few = self_distill_prompts(recs, 3, 64, seed=1)
@@ -414,7 +414,7 @@ def test_self_distill_prompts_reach_the_requested_count():
 
 
 def test_wait_for_file_gives_up_after_the_timeout(tmp_path):
-    from vllm_compat.eagle3.e2e import wait_for_file
+    from examples.eagle3_e2e.e2e import wait_for_file
 
     r = wait_for_file(tmp_path / "never", 0.3, poll_s=0.05)
     assert r["found"] is False and 0.3 <= r["waited_s"] < 2
