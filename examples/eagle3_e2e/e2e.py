@@ -31,7 +31,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -326,16 +325,15 @@ def extract_budgeted(target: Path, records_dir: Path, output_dir: Path, aux: Seq
     """``extract_step.extract_dataset``'s vLLM path with a wall-clock stop: samples come back in
     input order, so stopping early leaves a dataset of the first records (resumable as usual)."""
     from vllm_compat.extract import HiddenStatesExtractor
-    from vllm_compat.extract.layers import hidden_size_from_config, num_layers_from_config, read_model_config
+    from vllm_compat.target import read_target
     from vllm_compat.eagle3.data import BackgroundShardWriter, ShardWriter
     from vllm_compat.eagle3.prepare import iter_token_records
 
-    cfg = read_model_config(str(target))
-    n = num_layers_from_config(cfg)
-    writer = ShardWriter(output_dir, hidden_size=hidden_size_from_config(cfg), aux_layer_ids=list(aux),
+    facts = read_target(target)
+    n = facts.num_hidden_layers
+    writer = ShardWriter(output_dir, hidden_size=facts.hidden_size, aux_layer_ids=list(aux),
                          final_layer_id=n, dtype=dtype, samples_per_shard=samples_per_shard,
-                         target={"name_or_path": str(target.resolve()), "vocab_size": cfg.get("vocab_size"),
-                                 "num_hidden_layers": n})
+                         target=facts.manifest_entry())
     done = writer.num_samples
     records = [r for i, r in enumerate(iter_token_records(records_dir)) if i >= done]
     res: dict[str, Any] = {"records_available": done + len(records), "already_done": done, "stopped_by_budget": False}
@@ -345,7 +343,7 @@ def extract_budgeted(target: Path, records_dir: Path, output_dir: Path, aux: Seq
     t1 = None
     try:
         t0 = time.perf_counter()
-        with HiddenStatesExtractor(str(target), layer_ids=[*aux, n], **extractor_kwargs) as ex:
+        with HiddenStatesExtractor(facts, layer_ids=[*aux, n], **extractor_kwargs) as ex:
             res["engine_start_s"] = round(time.perf_counter() - t0, 2)
             res["extractor"] = {k: v for k, v in ex.info.items() if isinstance(v, (str, int, float, bool, type(None)))}
             t1 = time.perf_counter()

@@ -15,6 +15,7 @@ import pytest
 from packaging.version import Version
 
 from vllm_compat.runtime import capture_plan as X
+from vllm_compat.target import TargetInfo
 
 L = 4
 # (architecture, final state L asked for) -> first release whose aux path serves it
@@ -39,7 +40,8 @@ CONFIGS = {
 def _plan(tmp_path, arch, ids, eager):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        p = X.plan(str(tmp_path), CONFIGS[arch], ids, L, backend="auto", enforce_eager=eager)
+        p = X.plan(TargetInfo(str(tmp_path), CONFIGS[arch]), ids, backend="auto",
+                   enforce_eager=eager)
     return p, [str(x.message) for x in w]
 
 

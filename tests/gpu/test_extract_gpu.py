@@ -294,14 +294,14 @@ def test_native_backend_llama_and_mla_fallback(ckpts):
     M.record("native:llama", rel=rel, info=n["info"])
     assert rel <= TOL_SAME
     # MLA: refused by vLLM's connector -> our planner falls back with a clear warning.
-    from vllm_compat.extract.layers import read_model_config
     from vllm_compat.runtime import capture_plan as ad
-    cfg = read_model_config(ckpts["deepseek_v3"])
+    from vllm_compat.target import read_target
+    target = read_target(ckpts["deepseek_v3"])
     with pytest.warns(UserWarning, match="refuses MLA models"):
-        p = ad.plan(ckpts["deepseek_v3"], cfg, (0, 4), 4, backend="native", enforce_eager=False)
+        p = ad.plan(target, (0, 4), backend="native", enforce_eager=False)
     # the fallback is what "auto" picks on this release: aux on 0.26.0; hooks on 0.20.2,
     # whose DeepseekV2 aux path cannot return these ids (seen on the H200)
-    auto = ad.plan(ckpts["deepseek_v3"], cfg, (0, 4), 4, backend="auto", enforce_eager=False)
+    auto = ad.plan(target, (0, 4), backend="auto", enforce_eager=False)
     assert p.mode == auto.mode != "native", (p, auto)
 
 

@@ -8,7 +8,7 @@ tqdm (and transformers for ``prepare``; matplotlib for the training plot).
 
 from __future__ import annotations
 
-from typing import Any
+import typing
 
 __all__ = [
     "CheckpointValidationError", "HiddenStatesDataset", "Manifest", "PrepareReport", "Problem",
@@ -28,7 +28,7 @@ try:
 except ImportError as exc:  # torch / safetensors missing: keep `eagle3.cli` importable
     _missing = exc
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> typing.Any:
         raise ImportError(
             f"vllm_compat.eagle3.{name} needs torch and the eagle3 extra "
             f"(pip install 'vllm-compat[eagle3]'): {_missing}"

@@ -11,25 +11,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..extract.layers import (
-    eagle3_default_layers, hidden_size_from_config, num_layers_from_config, read_model_config,
-    validate_layer_ids,
-)
+from ..extract.layers import eagle3_default_layers, validate_layer_ids
 from ..locking import lock_output_dir
+from ..target import TargetInfo, read_target
 from .data import BackgroundShardWriter, ShardWriter
 from .prepare import iter_token_records
 
 BACKENDS = ("vllm", "transformers")
 
 
-def aux_layer_ids_for(target_dir: str | os.PathLike[str], aux_layer_ids: Sequence[int] | None) -> tuple[int, ...]:
+def aux_layer_ids_for(target: str | os.PathLike[str] | TargetInfo,
+                      aux_layer_ids: Sequence[int] | None) -> tuple[int, ...]:
     """The aux ids to capture (EAGLE-3 default when None); the final layer L is added separately."""
-    n = num_layers_from_config(read_model_config(str(target_dir)))
+    n = read_target(target).num_hidden_layers
     ids = eagle3_default_layers(n, include_final=False) if aux_layer_ids is None else tuple(aux_layer_ids)
     ids = validate_layer_ids(ids, n)
     if n in ids:
@@ -56,7 +54,8 @@ def extract_dataset(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    aux = aux_layer_ids_for(target_dir, aux_layer_ids)
+    target = read_target(target_dir)  # read once, passed along
+    aux = aux_layer_ids_for(target, aux_layer_ids)
     # one job per output directory, checked before a model is loaded (OutputDirLockedError)
     with lock_output_dir(output_dir, f"eagle3 extract --backend {backend}"):
         if backend == "transformers":
@@ -64,13 +63,13 @@ def extract_dataset(
 
             return extract_with_transformers(target_dir, records_dir, output_dir, aux, dtype=dtype,
                                              samples_per_shard=samples_per_shard)
-        return _extract_with_vllm(target_dir, records_dir, output_dir, aux, dtype=dtype,
+        return _extract_with_vllm(target, records_dir, output_dir, aux, dtype=dtype,
                                   samples_per_shard=samples_per_shard, progress=progress,
                                   **extractor_kwargs)
 
 
 def _extract_with_vllm(
-    target_dir: str | os.PathLike[str],
+    target: TargetInfo,
     records_dir: str | os.PathLike[str],
     output_dir: str | os.PathLike[str],
     aux: tuple[int, ...],
@@ -84,13 +83,11 @@ def _extract_with_vllm(
 
     from ..extract import HiddenStatesExtractor
 
-    cfg = read_model_config(str(target_dir))
-    n = num_layers_from_config(cfg)
+    n = target.num_hidden_layers
     writer = ShardWriter(
-        output_dir, hidden_size=hidden_size_from_config(cfg), aux_layer_ids=list(aux),
+        output_dir, hidden_size=target.hidden_size, aux_layer_ids=list(aux),
         final_layer_id=n, dtype=dtype, samples_per_shard=samples_per_shard,
-        target={"name_or_path": str(Path(target_dir).resolve()), "vocab_size": cfg.get("vocab_size"),
-                "num_hidden_layers": n},
+        target=target.manifest_entry(),
     )
     done = writer.num_samples
     records = list(_records_from(records_dir, done))
@@ -98,7 +95,7 @@ def _extract_with_vllm(
     out = BackgroundShardWriter(writer)
     try:
         if records:
-            with HiddenStatesExtractor(str(target_dir), layer_ids=[*aux, n], **extractor_kwargs) as ex:
+            with HiddenStatesExtractor(target, layer_ids=[*aux, n], **extractor_kwargs) as ex:
                 stream = ex.extract(ids.tolist() for ids, _ in records)
                 for sample in tqdm(stream, total=len(records), initial=0, disable=not progress,
                                    desc="extract"):

@@ -23,11 +23,12 @@ Other conventions:
 
 from __future__ import annotations
 
-import json
-import os
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..errors import InvalidLayerIdError
+
+# config.json readers, kept importable from here
+from ..target import hidden_size_from_config, num_layers_from_config, read_model_config
 
 __all__ = [
     "eagle3_default_layers", "from_hf_indices", "from_speculators_indices",
@@ -146,39 +147,6 @@ def to_speculators_indices(layer_ids: Iterable[Any], num_layers: int) -> tuple[i
         raise InvalidLayerIdError("layer id 0 (embeddings) has no speculators 0.3/0.4 "
                                   "equivalent: their ids start at the output of layer 0 (our 1)")
     return tuple(k - 1 for k in ids)
-
-
-# --------------------------------------------------------------------------- config.json
-
-
-def read_model_config(model_path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The checkpoint's ``config.json`` as a dict (a local directory only)."""
-    path = os.path.join(os.fspath(model_path), "config.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found: model_path must be a local checkpoint "
-                                "directory")
-    with open(path) as f:
-        return json.load(f)
-
-
-def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-    # Multimodal wrappers (Kimi-K2.5, Qwen-VL, ...) keep the backbone in text_config.
-    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), Mapping):
-        return cfg["text_config"]
-    return cfg
-
-
-def num_layers_from_config(cfg: Mapping[str, Any]) -> int:
-    """``num_hidden_layers`` of the decoder backbone (``text_config`` for wrappers)."""
-    tc = _text_config(cfg)
-    if "num_hidden_layers" not in tc:
-        raise ValueError("config has no num_hidden_layers (nor text_config.num_hidden_layers)")
-    return _as_int(tc["num_hidden_layers"], "num_hidden_layers", ValueError)
-
-
-def hidden_size_from_config(cfg: Mapping[str, Any]) -> int:
-    tc = _text_config(cfg)
-    return _as_int(tc["hidden_size"], "hidden_size", ValueError)
 
 
 def resolve_layer_ids(layer_ids: Sequence[Any] | None, num_layers: int) -> tuple[int, ...]:

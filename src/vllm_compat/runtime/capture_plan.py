@@ -18,10 +18,12 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import vllm
 from packaging.version import Version
+
+from ..target import TargetInfo
 
 VLLM_VERSION = Version(Version(vllm.__version__).base_version)
 
@@ -38,9 +40,9 @@ except ImportError:  # pragma: no cover - present in every supported release
     DeepseekV2ForCausalLM = DeepseekV2Model = None  # type: ignore[assignment,misc]
 
 
-def _model_class(model_path: str, cfg: Mapping[str, Any]) -> type | None:
+def _model_class(target: TargetInfo) -> type | None:
     from vllm.model_executor.models.registry import ModelRegistry
-    for arch in cfg.get("architectures") or ():
+    for arch in target.architectures:
         # _try_load_model_cls(arch) exists with this signature 0.10.2-0.33.0.
         cls = ModelRegistry._try_load_model_cls(arch)
         if cls is not None:
@@ -71,11 +73,6 @@ def native_aux_ids(model_cls: type | None, num_layers: int) -> frozenset[int]:
     return frozenset(range(1, L))
 
 
-def is_mla_config(cfg: Mapping[str, Any]) -> bool:
-    tc = cfg.get("text_config") if "kv_lora_rank" not in cfg else cfg
-    return bool((tc or {}).get("kv_lora_rank"))
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     mode: str                      # "aux" | "hooks" | "native"
@@ -86,9 +83,11 @@ class Plan:
     note: str = ""
 
 
-def plan(model_path: str, cfg: Mapping[str, Any], layer_ids: Sequence[int], num_layers: int,
-         *, backend: str, enforce_eager: bool) -> Plan:
-    cls = _model_class(model_path, cfg)
+def plan(target: TargetInfo, layer_ids: Sequence[int], *, backend: str,
+         enforce_eager: bool) -> Plan:
+    """How to capture ``layer_ids`` of ``target`` on the installed vLLM (see the module doc)."""
+    num_layers = target.num_hidden_layers
+    cls = _model_class(target)
     name = cls.__name__ if cls is not None else "?"
     ids = tuple(layer_ids)
     srt = tuple(sorted(set(ids) - {0}))
@@ -108,7 +107,7 @@ def plan(model_path: str, cfg: Mapping[str, Any], layer_ids: Sequence[int], num_
         if VLLM_VERSION < Version("0.17.1"):
             raise ValueError(f"backend='native' needs vLLM 0.17.1+ (extract_hidden_states); "
                              f"installed {vllm.__version__}")
-        if is_mla_config(cfg):
+        if target.is_mla:
             note = ("backend='native' refuses MLA models (ExampleHiddenStatesConnector cannot "
                     "isolate the hidden-state KV group: 'MLA verifiers are unsupported'); "
                     "falling back to backend='aux'")

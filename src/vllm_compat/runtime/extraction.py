@@ -26,6 +26,7 @@ from ..extract.staging import StagedCopy
 from ..requests import make_request
 from ..rpc import collective_rpc
 from ..step import StepPipeline
+from ..target import TargetInfo
 from . import capture_worker
 from .capture_plan import plan
 from .llm import free_gpu_memory, shutdown_engine
@@ -71,17 +72,15 @@ class ExtractionEngine:
     """An in-process vLLM engine driven step by step for prefill-only capture: ``add`` prompts,
     ``step`` collects the chunks of hidden states each engine step produced."""
 
-    def __init__(self, model_path: str, cfg: Mapping[str, Any], layer_ids: Sequence[int],
-                 num_layers: int, *, backend: str = "auto", tensor_parallel_size: int = 1,
+    def __init__(self, target: TargetInfo, layer_ids: Sequence[int], *, backend: str = "auto", tensor_parallel_size: int = 1,
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  enforce_eager: bool = False, gpu_memory_utilization: float = 0.5,
                  overlap_copy: bool | None = None, launch_ahead: bool | None = None,
                  llm_kwargs: Mapping[str, Any] | None = None) -> None:
         kw = dict(llm_kwargs or {})
         _refuse_unsupported(kw)
-        self.plan = plan(model_path, cfg, layer_ids, num_layers, backend=backend,
-                         enforce_eager=enforce_eager)
-        self.num_layers = num_layers
+        self.plan = plan(target, layer_ids, backend=backend, enforce_eager=enforce_eager)
+        self.target = target
         self.layer_ids = tuple(layer_ids)
         self.tensor_parallel_size = tensor_parallel_size
         self._tmpdir: str | None = None
@@ -91,7 +90,7 @@ class ExtractionEngine:
         # sync). In-process (TP=1) and 0.11.2+ (two-phase step) only; native runs generate().
         self._pipelined_engine = (tensor_parallel_size == 1 and self.plan.mode != "native"
                                   and detect().probes["two_phase_step"])
-        args = self._engine_args(model_path, kw, gpu_memory_utilization=gpu_memory_utilization,
+        args = self._engine_args(target.path, kw, gpu_memory_utilization=gpu_memory_utilization,
                                  max_model_len=max_model_len,
                                  max_num_batched_tokens=max_num_batched_tokens)
         self.llm = self._build_llm(args)

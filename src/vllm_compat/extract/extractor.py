@@ -1,0 +1,162 @@
+"""The extractor: :class:`HiddenStatesExtractor` and :func:`extract_hidden_states`."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+from ..target import TargetInfo, read_target
+from .layers import resolve_layer_ids
+from .ordering import OrderedAssembler, check_prompt, windows
+
+_serial = itertools.count()
+
+
+@dataclass
+class ExtractedSample:
+    """One prompt's result. ``hidden_states``: ``[seq_len, len(layer_ids), hidden]``, CPU.
+
+    With ``tensor_parallel_size=1`` a prompt finished in one engine step gets a view of that
+    step's host buffer (no copy). Keeping a few samples for long keeps their steps' buffers
+    alive; ``.clone()`` them if that matters."""
+    index: int
+    token_ids: Any          # 1-D int64 torch tensor
+    hidden_states: Any      # torch tensor, model dtype
+    layer_ids: tuple[int, ...]
+
+
+class HiddenStatesExtractor:
+    """Prefill-only extraction of per-token hidden states, streamed in input order.
+
+    ``layer_ids``: ids in the convention above (None: EAGLE-3 default + L); results keep
+    this order along dim 1. ``max_in_flight`` bounds how many prompts are held at once
+    (default: the engine's ``max_num_seqs``-sized window of 64). ``backend``: ``"auto"``
+    (aux path, hooks when it cannot express an id), ``"aux"``, ``"hooks"`` (forces
+    ``enforce_eager``) or ``"native"``. Other keywords go to ``vllm.LLM``. With
+    ``tensor_parallel_size > 1`` only rank 0 hands states back (they are replicated).
+    ``overlap_copy`` (TP=1; default on, ``VLLM_COMPAT_EXTRACT_OVERLAP=0`` turns it off): copy
+    each step's states to the host while the next step computes, through reused pinned
+    buffers; off: a blocking copy per step. ``launch_ahead`` (default on at TP=1 on vLLM
+    0.11.2+, off otherwise; ``VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=0/1`` decides): keep two
+    engine steps in flight (:class:`vllm_compat.StepPipeline`), step N+1 scheduled and
+    launched before step N's output is waited for, so the GPU never idles between forwards.
+    """
+
+    def __init__(self, model_path: str | TargetInfo, *, layer_ids: Sequence[int] | None = None,
+                 tensor_parallel_size: int = 1, max_model_len: int | None = None,
+                 max_num_batched_tokens: int | None = None, enforce_eager: bool = False,
+                 gpu_memory_utilization: float = 0.5, backend: str = "auto",
+                 max_in_flight: int = 64, overlap_copy: bool | None = None,
+                 launch_ahead: bool | None = None, **llm_kwargs: Any) -> None:
+        self.target = read_target(model_path)  # a path, or facts the caller already read
+        self.model_path = self.target.path
+        self.config = self.target.config
+        self.num_layers = self.target.num_hidden_layers
+        self.hidden_size = self.target.hidden_size
+        self.layer_ids = resolve_layer_ids(layer_ids, self.num_layers)
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
+        self.max_model_len = max_model_len
+        from vllm_compat.runtime.extraction import ExtractionEngine  # imports vLLM
+        self._engine = ExtractionEngine(
+            self.target, self.layer_ids, backend=backend,
+            tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization, overlap_copy=overlap_copy,
+            launch_ahead=launch_ahead, llm_kwargs=llm_kwargs)
+        mml = self._engine.llm.llm_engine.model_config.max_model_len
+        self._max_prompt = int(mml) - 1
+        vocab = self.target.text_config.get("vocab_size") or self.config.get("vocab_size")
+        self._vocab = int(vocab) if vocab else None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What ran: vLLM version, runner (v1/v2), capture mode, model class, eager, steps."""
+        return dict(self._engine.info, steps=self._engine.num_steps,
+                    max_step_tokens=self._engine.max_step_tokens,
+                    phase_s={k: round(v, 4) for k, v in
+                             getattr(self._engine, "phase_s", {}).items()})
+
+    def kv_blocks(self) -> tuple[int, int]:
+        """``(free, total)`` KV-cache blocks; between ``extract`` calls every block but the
+        null block must be free again (a leak check for long runs). Not for ``native``."""
+        if self._engine.plan.mode == "native":
+            raise RuntimeError("kv_blocks() needs the aux or hooks backend (native runs "
+                               "through LLM.generate, whose engine core is not ours)")
+        return self._engine.kv_blocks()
+
+    @property
+    def llm(self) -> Any:
+        return self._engine.llm
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float | None]]:
+        """vLLM's own ``prompt_logprobs`` of each prompt token (for cross-checks)."""
+        return self._engine.prompt_logprobs(prompts)
+
+    def _sample(self, index: int, ids: list[int], hs: Any) -> ExtractedSample:
+        import torch
+        if hs.shape != (len(ids), len(self.layer_ids), self.hidden_size):
+            raise RuntimeError(f"prompt {index}: got states of shape {tuple(hs.shape)}, expected "
+                               f"{(len(ids), len(self.layer_ids), self.hidden_size)}")
+        return ExtractedSample(index, torch.tensor(ids, dtype=torch.int64), hs, self.layer_ids)
+
+    def extract(self, prompts: Iterable[Sequence[int]]) -> Iterator[ExtractedSample]:
+        """Yield one :class:`ExtractedSample` per prompt, in input order, as they finish."""
+        checked = (
+            (i, check_prompt(i, p, self._max_prompt, self._vocab)) for i, p in enumerate(prompts))
+        if self._engine.plan.mode == "native":
+            for win in windows(checked, self.max_in_flight):
+                states = self._engine.run_native([(str(i), ids) for i, ids in win])
+                for (i, ids), hs in zip(win, states):
+                    yield self._sample(i, ids, hs)
+            return
+        tag = next(_serial)
+        asm = OrderedAssembler()
+        try:
+            yield from self._drive(checked, tag, asm)
+        finally:
+            left = list(asm.missing())
+            if left:  # consumer stopped early or an error: free the engine's requests
+                self._engine.abort(left)
+
+    def _drive(self, checked: Iterator[tuple[int, list[int]]], tag: int,
+               asm: OrderedAssembler) -> Iterator[ExtractedSample]:
+        exhausted = False
+        while True:
+            while not exhausted and asm.in_flight < self.max_in_flight:
+                nxt = next(checked, None)
+                if nxt is None:
+                    exhausted = True
+                    break
+                i, ids = nxt
+                key = f"vcx{tag}-{i}"
+                asm.register(i, key, ids)
+                self._engine.add(key, ids)
+            if asm.running == 0:
+                if asm.in_flight:
+                    raise RuntimeError("assembler holds requests that never finish")
+                break
+            asm.feed_many(self._engine.step())
+            for i, ids, hs in asm.pop_ready():
+                yield self._sample(i, ids, hs)
+        if self._engine.has_unfinished():
+            raise RuntimeError("the engine still has unfinished requests after extraction")
+
+    def close(self) -> None:
+        self._engine.close()
+
+    def __enter__(self) -> "HiddenStatesExtractor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def extract_hidden_states(model_path: str, prompts: Iterable[Sequence[int]],
+                          layer_ids: Sequence[int] | None = None,
+                          **kw: Any) -> list[ExtractedSample]:
+    """All prompts at once (list, input order); builds and closes an extractor."""
+    with HiddenStatesExtractor(model_path, layer_ids=layer_ids, **kw) as ex:
+        return list(ex.extract(prompts))
