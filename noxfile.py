@@ -5,6 +5,8 @@
     nox -s "conformance(vllm='0.16.0')"
     nox -s conformance_ci             # the CI subset (one release per era + 0.16.0)
     nox -s nightly -- <wheel path | URL | requirement>
+    nox -s typecheck                  # mypy against the newest release (what CI runs)
+    nox -s "gpu(vllm='0.26.0')"       # tests/gpu on a CUDA machine: vLLM from PyPI, JSON report
     nox -s demo                       # install vLLM (newest release, CPU) and run the quick start
     nox -s matrix_report              # support table from the last conformance results
 """
@@ -31,11 +33,12 @@ MATRIX = tomllib.loads((ROOT / "matrix" / "releases.toml").read_text())
 RELEASES: list[str] = MATRIX["releases"]
 CI_RELEASES: list[str] = MATRIX["ci"]
 CONSTRAINTS: dict[str, list[str]] = MATRIX.get("constraints", {})
+GPU_RELEASES: list[str] = MATRIX["gpu"]
 RESULTS = ROOT / "matrix" / "results"
 PYTHON = "3.11"  # vLLM 0.32+ needs >= 3.11; the local CPU torch wheel is cp311
 
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["unit", "conformance_ci"]
+nox.options.sessions = ["unit", "typecheck", "conformance_ci"]
 nox.options.reuse_existing_virtualenvs = True
 
 TEST_ENV = {
@@ -156,6 +159,27 @@ def nightly(session: nox.Session) -> None:
                           silent=True).strip().splitlines()[-1]
     session.log(f"installed vLLM {version}")
     run_conformance(session, f"nightly-{version}", rest)
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy over src/ with the newest release installed, so vLLM's own types are checked
+    (among them every era adapter against ``adapters.AdapterAPI``)."""
+    install_cpu_torch(session)
+    install_vllm(session, f"vllm=={RELEASES[-1]}", RELEASES[-1])
+    session.install("-e", f"{ROOT}[eagle3]", "mypy>=1.10")
+    session.run("mypy", *session.posargs, env=TEST_ENV)
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("vllm", GPU_RELEASES)
+def gpu(session: nox.Session, vllm: str) -> None:
+    """tests/gpu on a machine with a CUDA GPU: vLLM ``vllm`` from PyPI with the CUDA torch it
+    pins, then ``tools/run_gpu_tests.py``, which writes ``gpu-report-<vllm>.json``."""
+    session.install(f"vllm=={vllm}")
+    session.install("-e", f"{ROOT}[test,eagle3]")
+    session.run("python", str(ROOT / "tools" / "run_gpu_tests.py"),
+                "--out", str(ROOT / f"gpu-report-{vllm}.json"), *session.posargs, env=TEST_ENV)
 
 
 @nox.session(python=PYTHON)

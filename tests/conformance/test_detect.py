@@ -8,6 +8,7 @@ import subprocess
 import pytest
 import sys
 
+import vllm_compat
 from vllm_compat import versions
 
 
@@ -47,3 +48,14 @@ def test_forced_adapter_is_reported(info, monkeypatch):
     finally:
         monkeypatch.delenv("VLLM_COMPAT_ADAPTER")
         assert vllm_compat.detect(refresh=True).era == info.era
+
+
+def test_the_routed_adapter_provides_the_whole_adapter_api():
+    """The type checker verifies every era module against AdapterAPI for one release; here
+    the module this release is routed to is checked against the real installed vLLM."""
+    from vllm_compat.adapters import ADAPTER_FUNCTIONS, AdapterAPI
+
+    ad = vllm_compat.adapter()
+    assert isinstance(ad, AdapterAPI)
+    assert len(ADAPTER_FUNCTIONS) == 24
+    assert [n for n in ADAPTER_FUNCTIONS if not callable(getattr(ad, n, None))] == []

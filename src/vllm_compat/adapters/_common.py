@@ -31,17 +31,6 @@ from vllm.v1.request import Request
 
 from ..errors import UnsupportedFeatureError, VllmCompatError
 
-# The adapter function set (vllm_compat.adapters.AdapterAPI): what an era module gets from
-# ``from ._common import *`` before it redefines what differs in its releases.
-__all__ = [
-    "version", "probes", "hash_function", "hash_function_names", "init_none_hash",
-    "current_none_hash", "request_block_hasher", "block_hashes", "attach_block_hasher",
-    "new_request", "vllm_config", "kv_cache_config", "new_scheduler",
-    "scheduler_hash_block_size", "schedule", "update_from_output", "has_unscheduled_tokens",
-    "grammar_output", "model_runner_output", "run_model_step", "launch_model_step",
-    "resolve_output", "collective_rpc", "runner_flavour",
-]
-
 HIDDEN_STATES_CONNECTOR_MODULE = (
     "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 )
@@ -139,7 +128,7 @@ def current_none_hash() -> bytes | None:
 
 def request_block_hasher(
     block_size: int, hash_fn: Callable[[Any], bytes], lookahead_tokens: int = 0
-) -> Callable[[Request], list[bytes]]:
+) -> Callable[[Request], list[Any]]:
     """vLLM's own per-request hasher, built exactly as ``EngineCore.__init__`` builds it."""
     # 0.33.0 added num_hash_lookahead_tokens (EAGLE block-drop drafters); before it the
     # engine had no lookahead, so 0 is the only value that matches the engine there.
@@ -157,7 +146,7 @@ def block_hashes(request: Request) -> list[bytes]:
     return list(request.block_hashes)
 
 
-def attach_block_hasher(request: Request, hasher: Callable[[Request], list[bytes]]) -> None:
+def attach_block_hasher(request: Request, hasher: Callable[[Request], list[Any]]) -> None:
     """Bind a hasher to a Request built without one and hash its full blocks now."""
     # 0.16.0: Request stores `_block_hasher` and calls update_block_hashes() (vLLM
     # dropped the functools.partial to avoid a reference cycle); before, see else.
@@ -427,7 +416,7 @@ def model_runner_output(
         n for n, f in fields.items()
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     }
-    fillers = {"logprobs": None, "prompt_logprobs_dict": {}, "pooler_output": []}
+    fillers: dict[str, Any] = {"logprobs": None, "prompt_logprobs_dict": {}, "pooler_output": []}
     for name in required - kw.keys():
         if name not in fillers:
             raise VllmCompatError(f"ModelRunnerOutput of vLLM {vllm.__version__} requires {name!r}")
@@ -454,7 +443,7 @@ def _init_names(cls: type) -> set[str]:
     fields = getattr(cls, "__dataclass_fields__", None)
     if fields:
         return {n for n, f in fields.items() if f.init}
-    return set(_params(cls.__init__))
+    return set(_params(getattr(cls, "__init__")))
 
 
 def _filtered(cls: type, kw: dict[str, Any]) -> Any:
@@ -504,7 +493,7 @@ def vllm_config(
     scheduler_config = _filtered(SchedulerConfig, sc_kw)
     # The PyPI wheel is a CUDA build: on a GPU-less box current_platform is
     # UnspecifiedPlatform and DeviceConfig("auto") cannot infer a device.
-    device_config = DeviceConfig(device=device)
+    device_config = DeviceConfig(device=device)  # type: ignore[arg-type]  # a str is what it parses
     cfg = VllmConfig(
         model_config=model_config, cache_config=cache_config,
         scheduler_config=scheduler_config, device_config=device_config,

@@ -15,8 +15,16 @@ from vllm.utils import get_hash_fn_by_name
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
 from ..errors import VllmCompatError
-from ._common import *  # noqa: F403  (the common adapter; this era redefines what follows)
-from ._common import LaunchedStep, call_step, eos_in_request, request_factory, resolve_output
+
+# The common adapter's functions that this era keeps; what differs is redefined below.
+from ._common import (  # noqa: F401  (re-exported: vllm_compat.adapters.AdapterAPI)
+    attach_block_hasher, block_hashes, collective_rpc, current_none_hash,
+    has_unscheduled_tokens, hash_function_names, init_none_hash, kv_cache_config,
+    model_runner_output, new_scheduler, probes, request_block_hasher, resolve_output,
+    runner_flavour, schedule, scheduler_hash_block_size, update_from_output, version,
+    vllm_config,
+)
+from ._common import LaunchedStep, call_step, eos_in_request, request_factory
 
 
 def hash_function(name: str) -> Callable[[Any], bytes]:

@@ -12,7 +12,14 @@ What ends the era: 0.17 removed ``Request(eos_token_id=...)``, which is all this
 
 from __future__ import annotations
 
-from ._common import *  # noqa: F403  (the common adapter; this era redefines what follows)
+# The common adapter's functions that this era keeps; what differs is redefined below.
+from ._common import (  # noqa: F401  (re-exported: vllm_compat.adapters.AdapterAPI)
+    attach_block_hasher, block_hashes, collective_rpc, current_none_hash, grammar_output,
+    has_unscheduled_tokens, hash_function, hash_function_names, init_none_hash,
+    kv_cache_config, launch_model_step, model_runner_output, new_scheduler, probes,
+    request_block_hasher, resolve_output, run_model_step, runner_flavour, schedule,
+    scheduler_hash_block_size, update_from_output, version, vllm_config,
+)
 from ._common import eos_in_request, request_factory
 
 new_request = request_factory(eos_in_request)  # Request(eos_token_id=...) through 0.16

@@ -420,7 +420,7 @@ def _safetensors_chunks(tensors: dict[str, torch.Tensor]) -> list[Any]:
         n = t.numel() * t.element_size()
         header[name] = {"dtype": _CODES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
         if n:
-            bufs.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            bufs.append(t.reshape(-1).view(torch.uint8).numpy().data)
         off += n
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-(8 + len(head)) % 8)

@@ -84,10 +84,15 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
 
 
 class Attention(nn.Module):
+    nh: int  # query heads
+    nkv: int  # key/value heads
+    d: int  # head dim
+    theta: float  # rope base
+
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
-        self.nh, self.nkv, self.d, self.theta = cfg.num_attention_heads, cfg.num_key_value_heads, d, cfg.rope_theta
+        assert d is not None  # DraftConfig.__post_init__ sets it        self.nh, self.nkv, self.d, self.theta = cfg.num_attention_heads, cfg.num_key_value_heads, d, cfg.rope_theta
         self.q_proj = nn.Linear(2 * h, self.nh * d, bias=False)
         self.k_proj = nn.Linear(2 * h, self.nkv * d, bias=False)
         self.v_proj = nn.Linear(2 * h, self.nkv * d, bias=False)
@@ -156,6 +161,9 @@ class DecoderLayer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
+    d2t: torch.Tensor  # buffers (draft id -> target id offset, target ids kept)
+    t2d: torch.Tensor
+
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         self.config = cfg

@@ -91,7 +91,8 @@ def _rope_theta(cfg: dict[str, Any]) -> float:
     return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
 
 
-def draft_config_for(target_dir: str, dataset: HiddenStatesDataset, vocab: VocabMapping, **overrides: Any) -> DraftConfig:
+def draft_config_for(target_dir: str, dataset: HiddenStatesDataset | DeviceSamples,
+                     vocab: VocabMapping, **overrides: Any) -> DraftConfig:
     """The draft mirrors the target's attention shape (as speculators' default drafts do)."""
     t = read_target(target_dir)
     tc = t.text_config
@@ -129,7 +130,8 @@ def draft_config_for(target_dir: str, dataset: HiddenStatesDataset, vocab: Vocab
     return DraftConfig(**kw)
 
 
-def build_models(cfg: TrainConfig, dataset: HiddenStatesDataset) -> tuple[Eagle3Draft, TargetHead, DraftConfig]:
+def build_models(cfg: TrainConfig, dataset: HiddenStatesDataset | DeviceSamples,
+                 ) -> tuple[Eagle3Draft, TargetHead, DraftConfig]:
     vocab = VocabMapping.load(cfg.vocab)
     dcfg = draft_config_for(cfg.target, dataset, vocab, norm_before_residual=cfg.norm_before_residual,
                             **cfg.draft_overrides)
@@ -489,7 +491,7 @@ def train(cfg: TrainConfig, *, resume: bool = True,
 
         bar = tqdm(total=stop, initial=step, desc="train", unit="step")
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if cfg.dtype == "bf16" else nullcontext())
-    last: dict[str, float] = {}
+    last: dict[str, Any] = {}
     model.train()
     while step < stop:
         epoch, offset = divmod(step, steps_per_epoch)

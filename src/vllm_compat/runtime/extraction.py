@@ -174,7 +174,7 @@ class ExtractionEngine:
     def _attach_engine_core(self) -> None:
         """Find the in-process engine core and executor; install hooks; describe the worker."""
         client = self.llm.llm_engine.engine_core
-        self.core = getattr(client, "engine_core", None)
+        self.core: Any = getattr(client, "engine_core", None)  # None when native
         if self.plan.mode != "native" and self.core is None:
             raise RuntimeError(f"expected an in-process engine core, got {type(client).__name__} "
                                "(VLLM_ENABLE_V1_MULTIPROCESSING=0 was ignored?)")
@@ -216,6 +216,12 @@ class ExtractionEngine:
         self.launch_ahead = bool(launch_ahead)
         self._emb0 = self.plan.mode == "aux" and 0 in self.layer_ids
         self._pending: dict[str, tuple[list[int], int]] = {}  # req -> (prompt, offset)
+
+    @property
+    def _steps(self) -> StepPipeline:
+        if self._pipe is None:
+            raise RuntimeError("backend='native' runs through LLM.generate: it has no step loop")
+        return self._pipe
 
     @property
     def launch_ahead(self) -> bool:
@@ -261,7 +267,7 @@ class ExtractionEngine:
 
     def abort(self, req_ids: Iterable[str]) -> None:
         from vllm.v1.request import RequestStatus
-        for fs in self._pipe.drain():  # steps in flight: finish them, drop their states
+        for fs in self._steps.drain():  # steps in flight: finish them, drop their states
             if isinstance(fs.value, StagedCopy):
                 fs.value.discard()
         self.core.scheduler.finish_requests(list(req_ids), RequestStatus.FINISHED_ABORTED)
@@ -273,7 +279,7 @@ class ExtractionEngine:
         return self._has_work() or bool(self._tickets)
 
     def _has_work(self) -> bool:
-        return bool(self._pipe.in_flight) or bool(self.core.scheduler.has_unfinished_requests())
+        return bool(self._steps.in_flight) or bool(self.core.scheduler.has_unfinished_requests())
 
     def kv_blocks(self) -> tuple[int, int]:
         """``(free, total)`` KV-cache blocks of the scheduler's pool (same attributes
@@ -288,7 +294,7 @@ class ExtractionEngine:
         finished step's (their copy ran during the next forward); lockstep, the previous
         step's, so the last call may schedule nothing. At most one step's chunks per call.
         """
-        pipe, sched = self._pipe, self.core.scheduler
+        pipe, sched = self._steps, self.core.scheduler
         if self._has_work():
             pipe.fill()
             fs = pipe.finish()
@@ -401,7 +407,7 @@ class ExtractionEngine:
         res = []
         for o, p in zip(outs, prompts):
             row: list[float | None] = []
-            for t, d in zip(p, o.prompt_logprobs):
+            for t, d in zip(p, o.prompt_logprobs or ()):
                 row.append(None if d is None else float(d[t].logprob))
             res.append(row)
         return res
