@@ -343,11 +343,11 @@ def test_generator_default_numbering_is_speculators(qwen12):
     """speculators' own accuracy test: layer_ids [2, L//2, L-3] must hold HF
     hidden_states[3], [L//2 + 1], [L-2], i.e. extractor ids + 1."""
     g = make(qwen12, [2, 6, 9], 2048, 0.3, 1)
-    assert g.layer_convention == "speculators" and g.legacy_layer_indices is True
-    assert g.layer_ids == [2, 6, 9] and g.capture_layer_ids == [3, 7, 10]
-    assert recording_ids() == [3, 7, 10]
     res = g.generate([[5, 6, 7], [8, 9]])
     assert [slot_layers(r) for r in res] == [[3, 7, 10]] * 2
+    assert g.layer_ids == [2, 6, 9] and g.capture_layer_ids == [3, 7, 10]
+    assert recording_ids() == [3, 7, 10]
+    assert g.layer_convention == "speculators" and g.legacy_layer_indices is True
     g.shutdown()
     # its batch test: [10] on a model of >= 11 layers is the output of the 11th layer
     g = make(qwen12, [10], 2048, 0.3, 1, 100)
