@@ -60,8 +60,7 @@ live, work and learn. Please answer the question, then give one example and a su
 def build_tokenizer(path: str) -> None:
     """Train a small byte-level BPE on CORPUS with Qwen2's pre-tokenizer and save it as a
     ``Qwen2Tokenizer`` (what ``AutoTokenizer`` loads for a ``qwen2`` checkpoint)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 

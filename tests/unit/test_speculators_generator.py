@@ -301,11 +301,11 @@ class RecordingExtractor:
 
 
 def write_config(path, num_layers: int) -> str:
-    (path / "config.json").write_text(json.dumps(dict(
-        architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=H,
-        intermediate_size=16, num_attention_heads=2, num_key_value_heads=1,
-        num_hidden_layers=num_layers, vocab_size=1024, max_position_embeddings=256,
-        tie_word_embeddings=True)))
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": H,
+        "intermediate_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "num_hidden_layers": num_layers, "vocab_size": 1024, "max_position_embeddings": 256,
+        "tie_word_embeddings": True}))
     return str(path)
 
 
@@ -438,7 +438,7 @@ def test_warning_once_when_the_numbering_is_implicit(qwen12):
     assert w[0].filename == __file__  # points at the caller's line, not ours
     g.shutdown()
     for args in ((), ([2, 6, 9],)):  # a second generator in the same process: silent
-        g, w = caught(lambda: VllmHiddenStatesGenerator(qwen12, *args))
+        g, w = caught(lambda a=args: VllmHiddenStatesGenerator(qwen12, *a))
         assert w == []
         g.shutdown()
 
