@@ -3,7 +3,9 @@
 
 The loop below is the shape of speculators 0.4.0's ``scripts/data_generation_offline.py``
 (generator -> ``generate(batch_input_ids)`` -> ``data_{i}.pt`` + ``data_config.json``).
-Only the generator import changed; it now runs on any vLLM vllm_compat supports.
+Only the generator import changed; it now runs on any vLLM vllm_compat supports, and the
+same ``--layer-ids`` give the same states as before. ``--layer-convention vllm`` switches
+to vLLM's layer numbering (the states an EAGLE-3 draft is fed when served).
 
     # a real model and tokenized data ({"input_ids": [...], "loss_mask": [...]} per line):
     python examples/speculators_offline.py --model /path/to/Llama-3.1-8B-Instruct \\
@@ -38,7 +40,7 @@ from vllm_compat.speculators.config_generator import DataGenerationConfig
 
 
 def generate(model_path: str, samples: list[dict], output_dir: str, *, batch_size: int = 8,
-             layer_ids: list[int] | None = None, legacy_layer_indices: bool = False,
+             layer_ids: list[int] | None = None, layer_convention: str | None = None,
              seq_length: int = 2048, gpu_memory_utilization: float = 0.8) -> int:
     """The speculators loop: batches in, one ``data_{i}.pt`` per sample out."""
     out = Path(output_dir)
@@ -46,7 +48,7 @@ def generate(model_path: str, samples: list[dict], output_dir: str, *, batch_siz
     generator = VllmHiddenStatesGenerator(
         model_path=model_path, layer_ids=layer_ids, max_model_len=seq_length,
         gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=1,
-        legacy_layer_indices=legacy_layer_indices)
+        layer_convention=layer_convention)
     try:
         file_idx = 0
         lengths = {}
@@ -91,8 +93,9 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-length", type=int, default=1024)
     p.add_argument("--layer-ids", type=int, nargs="+")
-    p.add_argument("--legacy-layer-indices", action="store_true",
-                   help="speculators 0.3/0.4 layer numbering (output of layer i)")
+    p.add_argument("--layer-convention", choices=("speculators", "vllm"),
+                   help="numbering of --layer-ids (default: speculators 0.3/0.4's, output of "
+                        "layer i; 'vllm': state entering layer k)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     a = p.parse_args()
     model = a.model or tiny_llama(tempfile.mkdtemp(prefix="tiny-llama-"))
@@ -107,7 +110,7 @@ def main() -> None:
             samples.append({"input_ids": ids, "loss_mask": [1] * n})
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     n = generate(model, samples, a.output_dir, batch_size=a.batch_size, layer_ids=a.layer_ids,
-                 legacy_layer_indices=a.legacy_layer_indices, seq_length=a.seq_length,
+                 layer_convention=a.layer_convention, seq_length=a.seq_length,
                  gpu_memory_utilization=a.gpu_memory_utilization)
     print(f"wrote {n} samples to {a.output_dir}")
 

@@ -5,12 +5,13 @@ For a tiny random Llama and a tiny DeepSeek-V3 (MLA + MoE), built with transform
 
 * ``python -m vllm_compat.speculators.offline`` (speculators' script flags) on tokenized
   JSONL, 12 prompts of distinct lengths in one batch of 16 (>= 11: the size that
-  mispaired samples in speculators 0.4.x), default layer ids and ``--legacy-layer-indices``;
+  mispaired samples in speculators 0.4.x), default layer ids in speculators' numbering (no
+  flag) and in vLLM's (``--layer-convention vllm``);
 * the example's speculators-shaped loop (``examples/speculators_offline.py``) on the Llama.
 
 Every ``data_{i}.pt`` (read with ``weights_only=True``) must hold prompt i's ids, its loss
 mask, and, slot by slot, the states ``HiddenStatesExtractor`` returns for the layer the slot
-names (legacy id i == extractor id i + 1). Engines run one at a time and are closed.
+names (speculators id i == extractor id i + 1). Engines run one at a time and are closed.
 """
 
 from __future__ import annotations
@@ -81,21 +82,25 @@ def check_dir(out: pathlib.Path, rows: list[dict], ref: list, slot_ids: list[int
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("legacy", [False, True], ids=["vllm-ids", "legacy-ids"])
-def test_offline_cli_matches_extraction_api(ckpts, kind, legacy, tmp_path):
+@pytest.mark.parametrize("convention", ["vllm", "speculators"],
+                         ids=["vllm-ids", "speculators-ids"])
+def test_offline_cli_matches_extraction_api(ckpts, kind, convention, tmp_path):
     rows = write_data(tmp_path)
     out = tmp_path / "out"
     argv = ["--target-model-path", ckpts[kind],
             "--train-data-path", str(tmp_path / "tokenized.jsonl"),
             "--output-dir", str(out), "--token-freq-path", str(tmp_path / "token_freq.pt"),
             "--seq-length", str(M.MAX_LEN), "--batch-size", "16", "--tensor-parallel-size", "1",
-            "--gpu-memory-utilization", GPU_MEM,
-            "--legacy-layer-indices" if legacy else "--no-legacy-layer-indices"]
+            "--gpu-memory-utilization", GPU_MEM]
+    if convention == "vllm":
+        argv += ["--layer-convention", "vllm"]
     assert offline.main(argv) == 0
     cfg = json.loads((out / "data_config.json").read_text())
-    if legacy:  # speculators 0.3/0.4 default [2, L//2, L-3, L-1] = extractor [3, 3, 2, 4]
+    assert cfg["hidden_states"]["layer_convention"] == convention
+    if convention == "speculators":  # the default: [2, L//2, L-3, L-1] = [2, 2, 1, 3],
+        # one state per distinct id in layer order, each the output of layer i = id i + 1
         assert cfg["hidden_states"]["layer_ids"] == [2, 2, 1, 3]
-        slots = [3, 3, 2, 4]
+        slots = [2, 3, 4]
     else:  # EAGLE-3 default (2, L//2, L-3) + L
         assert cfg["hidden_states"]["layer_ids"] == [2, 2, 1, 4]
         slots = [2, 2, 1, 4]
@@ -111,7 +116,7 @@ def test_example_loop_matches_extraction_api(ckpts, tmp_path):
     spec.loader.exec_module(ex)
     rows = write_data(tmp_path)
     n = ex.generate(ckpts["llama"], rows, str(tmp_path / "out"), batch_size=16,
-                    layer_ids=[1, 2, 4], seq_length=M.MAX_LEN,
+                    layer_ids=[1, 2, 4], layer_convention="vllm", seq_length=M.MAX_LEN,
                     gpu_memory_utilization=float(GPU_MEM))
     assert n == len(rows)
     check_dir(tmp_path / "out", rows, reference(ckpts, "llama"), [1, 2, 4])

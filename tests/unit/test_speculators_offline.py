@@ -46,11 +46,12 @@ class ResultsFromSamples:
     states that are a deterministic function of the tokens instead of a model on a GPU.
     Samples are handed over in reverse order, as an engine may finish them."""
 
-    def __init__(self, layer_ids, num_layers=8, legacy=False, max_model_len=4096):
+    def __init__(self, layer_ids, num_layers=8, convention="speculators", max_model_len=4096):
         self.model_path = "tiny-model"
         self.tensor_parallel_size = 1
-        self.legacy_layer_indices, self.layer_ids, self.capture_layer_ids = resolve_layer_ids(
-            layer_ids, num_layers, legacy)
+        self.layer_convention = convention
+        self.layer_ids, self.capture_layer_ids = resolve_layer_ids(
+            layer_ids, num_layers, convention)
         self.max_model_len = max_model_len
         self.config = argparse.Namespace(hidden_size=H, num_hidden_layers=num_layers)
         self.vllm_config = argparse.Namespace(
@@ -91,7 +92,7 @@ def test_round_trip_13_samples_batch_16(tmp_path):
     rows = write_jsonl(tmp_path)
     args = args_for(tmp_path, batch_size=16, layer_ids=[2, 4, 5, 8])
     ds = offline.load_dataset_for(args)
-    gen = ResultsFromSamples([2, 4, 5, 8])
+    gen = ResultsFromSamples([2, 4, 5, 8], convention="vllm")
     assert offline.generate_and_save_hidden_states(args, ds, gen) == len(rows)
     assert gen.calls == [13]  # one batch of >= 11: the size that broke 0.4.x
     out = tmp_path / "out"
@@ -160,24 +161,37 @@ def test_truncated_prompt_cuts_the_loss_mask(tmp_path):
     assert s0["hidden_states"][0].shape == (20, H)
 
 
-def test_legacy_run_records_both_conventions(tmp_path):
+def test_speculators_numbering_run_records_both_numberings(tmp_path):
     write_jsonl(tmp_path, [3])
     args = args_for(tmp_path)
-    gen = ResultsFromSamples([2, 4, 5, 7], legacy=True)
+    gen = ResultsFromSamples([2, 4, 5, 7])
     offline.generate_and_save_hidden_states(args, offline.load_dataset_for(args), gen)
     cfg = json.loads((tmp_path / "out" / "data_config.json").read_text())
     hs = cfg["hidden_states"]
     assert hs["layer_ids"] == [2, 4, 5, 7] and hs["vllm_layer_ids"] == [3, 5, 6, 8]
-    assert hs["layer_convention"] == "speculators-0.3-legacy"
+    assert hs["layer_convention"] == "speculators"
     s = offline.load_sample(tmp_path / "out" / "data_0.pt")
     assert torch.equal(s["hidden_states"][0], hidden(s["input_ids"].tolist(), [3])[:, 0])
+
+
+def test_repeated_ids_write_one_tensor_per_distinct_layer(tmp_path):
+    """L=6: speculators' default [2, 3, 3, 5] captured 3 states; the schema says 3 too."""
+    write_jsonl(tmp_path, [4])
+    args = args_for(tmp_path)
+    gen = ResultsFromSamples(None, num_layers=6)
+    offline.generate_and_save_hidden_states(args, offline.load_dataset_for(args), gen)
+    cfg = json.loads((tmp_path / "out" / "data_config.json").read_text())
+    assert cfg["hidden_states"]["layer_ids"] == [2, 3, 3, 5]
+    assert cfg["hidden_states"]["vllm_layer_ids"] == [3, 4, 6]
+    assert cfg["format"]["schema"]["hidden_states"]["num_tensors"] == 3
+    assert len(offline.load_sample(tmp_path / "out" / "data_0.pt")["hidden_states"]) == 3
 
 
 def test_data_config_has_speculators_layout():
     cfg = DataGenerationConfig.from_settings(
         target_model_path="m", tensor_parallel_size=2, gpu_memory_utilization=0.8,
         max_model_len=2048, hidden_size=4096, layer_ids=[2, 16, 29, 31],
-        vllm_layer_ids=[3, 17, 30, 32], legacy_layer_indices=True, train_data_path="sharegpt",
+        vllm_layer_ids=[3, 17, 30, 32], layer_convention="speculators", train_data_path="sharegpt",
         seq_length=2048, cache_dir="/c", num_samples=5, max_samples=None, seed=0,
         command="x").to_dict()
     cfg = json.loads(json.dumps(cfg))
@@ -250,3 +264,6 @@ def test_command_line_takes_the_speculators_flags():
                                "--legacy-layer-indices", "--batch-size", "16", "--turn-dropout"])
     assert args.layer_ids == [2, 16, 29, 31] and args.legacy_layer_indices is True
     assert args.batch_size == 16 and args.turn_dropout
+    args = offline.parse_args(["--target-model-path", "m", "--train-data-path", "d",
+                               "--output-dir", "o", "--layer-convention", "vllm"])
+    assert args.layer_convention == "vllm" and args.legacy_layer_indices is None

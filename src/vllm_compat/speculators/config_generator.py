@@ -4,8 +4,9 @@ Name-compatible with ``speculators.data_generation.config_generator``
 (``DataGenerationConfig.from_generator(...)``, ``.to_dict()``). The JSON has the same
 sections and keys (``version`` "2.0", ``reproducibility``, ``model``, ``data``,
 ``hidden_states``, ``generation``, ``format``; ``format.data_format_version`` 1 as 0.3.0
-wrote it) plus, under ``hidden_states``, the layer convention and the ids in vLLM's
-convention so nobody has to guess which one a data set used. Package versions are read
+wrote it) plus, under ``hidden_states``, the layer numbering (``layer_convention``:
+``"speculators"`` or ``"vllm"``) and the vLLM ids of the written tensors (``vllm_layer_ids``),
+so nobody has to guess which numbering a data set used. Package versions are read
 from installed metadata: nothing here imports vLLM.
 """
 
@@ -17,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
+
+from .layers import SPECULATORS, from_legacy
 
 __all__ = ["DataGenerationConfig", "PackageVersions", "format_schema"]
 
@@ -89,8 +92,9 @@ class DataConfig:
 class HiddenStatesConfig:
     layer_ids: list[int]
     description: str = "Layers selected for EAGLE3 fusion and target logits"
-    # vllm_compat additions: which convention layer_ids use, and the vLLM/EAGLE-3 ids
-    layer_convention: str = "vllm"
+    # vllm_compat additions: the numbering layer_ids use ("speculators" | "vllm") and the
+    # vLLM/EAGLE-3 id of each written hidden_states tensor
+    layer_convention: str = SPECULATORS
     vllm_layer_ids: list[int] | None = None
 
 
@@ -171,14 +175,17 @@ class DataGenerationConfig:
 
             config = _model_config(generator.model_path)
         layer_ids = list(generator.layer_ids)
+        convention = getattr(generator, "layer_convention", SPECULATORS)
+        slots = getattr(generator, "capture_layer_ids", None)
+        if slots is None:  # speculators' own generator: its numbering, its slot order
+            slots = from_legacy(sorted(set(layer_ids)))
         return cls.from_settings(
             target_model_path=generator.model_path,
             tensor_parallel_size=generator.tensor_parallel_size,
             gpu_memory_utilization=generator.vllm_config.cache_config.gpu_memory_utilization,
             max_model_len=generator.vllm_config.model_config.max_model_len,
             hidden_size=hidden_size_of(config), layer_ids=layer_ids,
-            vllm_layer_ids=list(getattr(generator, "capture_layer_ids", layer_ids)),
-            legacy_layer_indices=bool(getattr(generator, "legacy_layer_indices", False)),
+            vllm_layer_ids=list(slots), layer_convention=convention,
             train_data_path=train_data_path, seq_length=seq_length, cache_dir=cache_dir,
             num_samples=num_samples, max_samples=max_samples, seed=seed,
             hidden_dtype=hidden_dtype, command=command)
@@ -186,7 +193,7 @@ class DataGenerationConfig:
     @classmethod
     def from_settings(cls, *, target_model_path: str, tensor_parallel_size: int,
                       gpu_memory_utilization: float, max_model_len: int | None, hidden_size: int,
-                      layer_ids: list[int], vllm_layer_ids: list[int], legacy_layer_indices: bool,
+                      layer_ids: list[int], vllm_layer_ids: list[int], layer_convention: str,
                       train_data_path: str, seq_length: int, cache_dir: str, num_samples: int,
                       max_samples: int | None = None, seed: int = 0,
                       hidden_dtype: str = "torch.bfloat16",
@@ -208,8 +215,8 @@ class DataGenerationConfig:
                             max_samples=max_samples, num_samples=num_samples, seed=seed),
             hidden_states=HiddenStatesConfig(
                 layer_ids=list(layer_ids),
-                layer_convention="speculators-0.3-legacy" if legacy_layer_indices else "vllm",
-                vllm_layer_ids=list(vllm_layer_ids)),
+                layer_convention=layer_convention, vllm_layer_ids=list(vllm_layer_ids)),
             generation=GenerationConfig(cache_dir=str(cache_dir)),
-            format=FormatConfig.create_default(len(layer_ids), hidden_size, hidden_dtype),
+            # one tensor per slot (the speculators numbering writes each distinct id once)
+            format=FormatConfig.create_default(len(vllm_layer_ids), hidden_size, hidden_dtype),
         )

@@ -7,11 +7,16 @@ Tokenized samples (``input_ids`` + ``loss_mask``) go through
 ``sample_lengths.json`` (``{"i": T}``, 0.4.0) and ``data_config.json``. This is the layout
 speculators 0.3/0.4's ``Eagle3SampleFileDataset`` trains from.
 
-Command line (the same flags as speculators 0.4.0's script, plus ``--legacy-layer-indices``,
-``--max-num-batched-tokens`` and ``--max-model-len``)::
+Command line (the same flags as speculators 0.4.0's script, with the same meaning, plus
+``--layer-convention``, ``--max-num-batched-tokens``, ``--max-model-len`` and
+``--trust-remote-code``)::
 
-    python -m vllm_compat.speculators.offline --target-model-path MODEL \\
+    vllm-compat-speculators-offline --target-model-path MODEL \\
         --train-data-path tokenized.jsonl --output-dir ./training_data [--batch-size 16]
+
+``--layer-ids`` are numbered as speculators numbered them (output of decoder layer i;
+default ``[2, L//2, L-3, L-1]``) unless ``--layer-convention vllm`` is given (state entering
+layer k, vLLM's EAGLE-3 numbering; default ``[2, L//2, L-3, L]``).
 
 ``--train-data-path`` is one of:
 
@@ -50,6 +55,7 @@ from typing import Any
 
 from ..errors import VllmCompatError
 from ..locking import TMP_SUFFIX, atomic_write_bytes, lock_output_dir
+from .layers import CONVENTIONS, SPECULATORS, VLLM
 
 __all__ = [
     "FILE_PATTERN", "SampleFileError", "TokenizedDataset", "batch_to_samples", "find_last_checkpoint",
@@ -332,7 +338,8 @@ def make_generator(args: argparse.Namespace) -> Any:
         gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel_size=args.tensor_parallel_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        legacy_layer_indices=args.legacy_layer_indices,
+        layer_convention=getattr(args, "layer_convention", None),
+        legacy_layer_indices=getattr(args, "legacy_layer_indices", None),
         trust_remote_code=trust,
     )
 
@@ -430,9 +437,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start-idx", type=int, default=0)
     p.add_argument("--num-preprocessing-workers", type=int, default=8)
     # vllm_compat additions
+    p.add_argument("--layer-convention", choices=CONVENTIONS, default=None,
+                   help="numbering of --layer-ids: 'speculators' (the default, as speculators "
+                        "0.3/0.4: output of decoder layer i) or 'vllm' (vLLM's EAGLE-3 "
+                        "numbering: state entering layer k, what the draft is fed when served)")
     p.add_argument("--legacy-layer-indices", action=argparse.BooleanOptionalAction, default=None,
-                   help="read --layer-ids as speculators 0.3/0.4 did (output of layer i); "
-                        "default: vLLM/EAGLE-3 convention (state entering layer k)")
+                   help="earlier spelling: --legacy-layer-indices = --layer-convention "
+                        "speculators, --no-legacy-layer-indices = --layer-convention vllm")
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default: --seq-length (as speculators)")
@@ -443,6 +454,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.tensor_parallel_size = _default_tp()
     if args.batch_size < 1:
         p.error("--batch-size must be >= 1")
+    legacy = args.legacy_layer_indices
+    implied = None if legacy is None else SPECULATORS if legacy else VLLM
+    if None not in (implied, args.layer_convention) and implied != args.layer_convention:
+        flag = "--legacy-layer-indices" if legacy else "--no-legacy-layer-indices"
+        p.error(f"--layer-convention {args.layer_convention} contradicts {flag}; "
+                "pass only --layer-convention")
     return args
 
 

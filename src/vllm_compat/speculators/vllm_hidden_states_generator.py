@@ -6,14 +6,20 @@ Same constructor parameters, same ``generate(token_ids)`` and the same return fo
 vllm_compat supports. The capture itself is :class:`vllm_compat.extract.HiddenStatesExtractor`;
 this class translates arguments and shapes results the way speculators' training reads them.
 
+The same arguments give the same states: ``layer_ids`` are numbered as speculators
+0.3/0.4 numbered them (id i = output of decoder layer i, one layer deeper than vLLM's id i),
+the default ids are its ``[2, L//2, L-3, L-1]``, and ``hidden_states`` holds one tensor per
+distinct id in ascending layer order, as its capture loop returned them. A one-time
+:class:`~vllm_compat.speculators.layers.LayerConventionWarning` says so unless the caller
+chose; ``layer_convention="vllm"`` switches to vLLM's numbering (state entering layer k).
+
 Fixed against speculators 0.3/0.4:
 
 * results are in **input order** (0.4.x iterated ``sorted()`` string request ids, so
   ``req_0_10`` came before ``req_0_2`` and batches of >= 11 mispaired loss masks);
-* no truthiness test on tensors (0.3.0's ``if not aux_hidden_states`` raised);
-* layer ids mean the state **entering** layer k, as vLLM's EAGLE-3 path defines them
-  (see :mod:`vllm_compat.speculators.layers`); ``legacy_layer_indices=True`` reproduces
-  0.3/0.4's "output of layer i" ids for drafts already trained on them.
+* every prompt token gets its own state under chunked prefill (0.3.0 mis-attributed
+  tokens across requests);
+* no truthiness test on tensors (0.3.0's ``if not aux_hidden_states`` raised).
 
 This module never imports vLLM; torch and the extractor are imported when used.
 """
@@ -23,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -119,7 +124,7 @@ def prepare_prompts(token_ids: Any, max_model_len: int) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class _Slots:
-    """Which extracted layer (by canonical id) fills each result slot, in the caller's order."""
+    """Which extracted layer (by vLLM id) fills each result slot, in slot order."""
 
     canonical: tuple[int, ...]  # one per slot, duplicates allowed
 
@@ -183,17 +188,20 @@ class VllmHiddenStatesGenerator:
     Parameters as speculators 0.4.0.1 (positional order kept), then vllm_compat's own,
     keyword-only:
 
-    ``legacy_layer_indices``: ``True`` reads ``layer_ids`` the speculators 0.3/0.4 way
-    (output of layer i, default ``[2, L//2, L-3, L-1]``) and captures exactly what those
-    releases captured; ``False`` (the default) reads them as vLLM / EAGLE-3 do (state
-    entering layer k, default ``[2, L//2, L-3, L]``). Leaving it unset while passing
-    ``layer_ids`` emits a ``UserWarning``, since the same numbers now mean one layer earlier.
+    ``layer_convention``: ``"speculators"`` (what an unset value means) reads ``layer_ids``
+    as speculators 0.3/0.4 did: id i is the output of decoder layer i, ids in ``[0, L-1]``,
+    default ``[2, L//2, L-3, L-1]``, one result tensor per distinct id in ascending order.
+    ``"vllm"`` reads them as vLLM's EAGLE-3 path does: id k is the state entering layer k
+    (``L`` = final pre-norm state), default ``[2, L//2, L-3, L]``, one tensor per id in the
+    given order. Leaving it unset emits a one-time ``LayerConventionWarning``.
+    ``legacy_layer_indices``: the earlier spelling, ``True`` = ``"speculators"``,
+    ``False`` = ``"vllm"``; contradicting ``layer_convention`` is a ``ValueError``.
     ``extractor_kwargs``: extra keywords for ``HiddenStatesExtractor`` (and through it,
     vLLM's ``LLM``), e.g. ``{"enforce_eager": False}`` or ``{"dtype": "bfloat16"}``.
 
     ``generate(token_ids)`` returns one dict per prompt, in input order:
-    ``input_ids`` LongTensor[T], ``hidden_states`` list of ``len(layer_ids)`` tensors [T, H]
-    (model dtype, CPU), ``loss_mask`` None. Prompts longer than ``max_model_len - 1`` are
+    ``input_ids`` LongTensor[T], ``hidden_states`` list of tensors [T, H] (model dtype, CPU;
+    one per entry of ``capture_layer_ids``, the vLLM ids of the slots), ``loss_mask`` None. Prompts longer than ``max_model_len - 1`` are
     truncated, as in speculators.
     """
 
@@ -206,6 +214,7 @@ class VllmHiddenStatesGenerator:
         tensor_parallel_size: int = 1,
         max_num_batched_tokens: int | None = None,
         *,
+        layer_convention: str | None = None,
         legacy_layer_indices: bool | None = None,
         extractor_kwargs: dict[str, Any] | None = None,
         trust_remote_code: bool = False,
@@ -225,11 +234,14 @@ class VllmHiddenStatesGenerator:
         self.trust_remote_code = bool(trust_remote_code)
         self.config = _model_config(local_path, self.trust_remote_code)
         self.num_layers = num_hidden_layers(self.config)
-        self.legacy_layer_indices, self.layer_ids, self.capture_layer_ids = resolve_layer_ids(
-            layer_ids, self.num_layers, legacy_layer_indices)
-        log.info("hidden states from layers %s (%s convention; extractor ids %s)",
-                 self.layer_ids, "legacy speculators 0.3/0.4" if self.legacy_layer_indices
-                 else "vLLM/EAGLE-3", self.capture_layer_ids)
+        self.layer_convention, explicit = _layers.choose_convention(
+            layer_convention, legacy_layer_indices)
+        self.layer_ids, self.capture_layer_ids = resolve_layer_ids(
+            layer_ids, self.num_layers, self.layer_convention)
+        if not explicit:
+            _layers.warn_speculators_numbering_once(stacklevel=2)
+        log.info("hidden states from layers %s (%s numbering; vLLM ids %s)",
+                 self.layer_ids, self.layer_convention, self.capture_layer_ids)
         self._slots = _Slots(tuple(self.capture_layer_ids))
 
         from ..extract import HiddenStatesExtractor  # lazy: the extractor imports vLLM
@@ -246,6 +258,11 @@ class VllmHiddenStatesGenerator:
             gpu_memory_utilization=gpu_memory_utilization,
             **kw,
         )
+
+    @property
+    def legacy_layer_indices(self) -> bool:
+        """``True`` when ``layer_ids`` use speculators 0.3/0.4's numbering."""
+        return self.layer_convention == _layers.SPECULATORS
 
     # ------------------------------------------------------------------ speculators API
 
@@ -312,28 +329,26 @@ class VllmHiddenStatesGenerator:
 
 
 def resolve_layer_ids(layer_ids: Sequence[int] | None, num_layers: int,
-                      legacy: bool | None) -> tuple[bool, list[int], list[int]]:
-    """``(legacy, reported_ids, canonical_ids)`` for the generator's layer arguments.
+                      convention: str) -> tuple[list[int], list[int]]:
+    """``(reported_ids, slot_ids)`` for the generator's layer arguments.
 
-    ``reported_ids`` are in the caller's convention (what ``generator.layer_ids`` and
-    ``data_config.json`` show); ``canonical_ids`` are what the extractor is asked for.
+    ``reported_ids`` are in the caller's numbering (``generator.layer_ids`` and
+    ``data_config.json`` show them); ``slot_ids`` are the vLLM ids of the result's
+    ``hidden_states`` tensors, in order. speculators numbering: one slot per distinct id,
+    ascending, each id + 1 (0.3/0.4 captured in layer order from a ``frozenset``). vLLM
+    numbering: one slot per id, in the given order.
     """
-    if layer_ids is not None and legacy is None:
-        warnings.warn(
-            "VllmHiddenStatesGenerator(layer_ids=...) now means the hidden state ENTERING "
-            "decoder layer k (vLLM / EAGLE-3 convention); speculators 0.3/0.4 captured the "
-            "OUTPUT of layer k, i.e. k+1 here. Pass legacy_layer_indices=True to keep the old "
-            "meaning (drafts trained on 0.3/0.4 data), or False to silence this warning.",
-            UserWarning, stacklevel=3,
-        )
-    legacy = bool(legacy)
+    if convention == _layers.SPECULATORS:
+        # 0.3/0.4's default and bounds check, with its error message
+        ids = _layers.validate_legacy(
+            _layers.legacy_default_layer_ids(num_layers) if layer_ids is None else layer_ids,
+            num_layers)
+        return ids, _layers.from_legacy(sorted(set(ids)), num_layers)
+    if convention != _layers.VLLM:
+        raise ValueError(f"unknown layer convention {convention!r}")
     if layer_ids is None and num_layers < 4:
         raise ValueError(f"the model has {num_layers} decoder layers: the default layer ids "
                          "(2, L//2, L-3, final) need at least 4; pass layer_ids")
-    if legacy:
-        ids = (_layers.legacy_default_layer_ids(num_layers) if layer_ids is None
-               else _layers.validate_legacy(layer_ids, num_layers))
-        return True, list(ids), _layers.from_legacy(ids, num_layers)
     ids = (_layers.default_layer_ids(num_layers) if layer_ids is None
            else _layers.validate(layer_ids, num_layers))
-    return False, list(ids), list(ids)
+    return list(ids), list(ids)
