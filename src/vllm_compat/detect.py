@@ -97,6 +97,12 @@ def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
             raise VllmNotInstalledError(f"vLLM {text} is installed but cannot be imported: {exc}") from exc
         probes = common.probes()
         routing = versions.route(v, probes)
+        missing = {k: want for k, want in routing.era.requires.items() if probes.get(k) != want}
+        if missing:  # only reachable when VLLM_COMPAT_ADAPTER forces an era of other releases
+            raise UnsupportedVllmVersionError(
+                f"adapter '{routing.era.name}' ({routing.reason}) cannot run on vLLM {text}: it "
+                f"needs the probes {missing}, the installed vLLM has "
+                f"{ {k: probes.get(k) for k in missing} }")
         try:
             module = load(routing.era.module)
         except ImportError as exc:  # only reachable when VLLM_COMPAT_ADAPTER forces a wrong era

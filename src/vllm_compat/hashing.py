@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .detect import adapter
 from .errors import StaleBlockHasherError, VllmCompatError
+
+if TYPE_CHECKING:  # vLLM's classes, for the type checker only
+    from .adapters.vllm_types import Request, Scheduler
+
 
 _lock = threading.Lock()
 # algorithm -> the NONE_HASH our own init_none_hash call produced for it
@@ -35,7 +39,7 @@ class BlockHasher:
         self.hash_algo = hash_algo
         self.lookahead_tokens = lookahead_tokens
 
-    def __call__(self, request: Any) -> list[bytes]:
+    def __call__(self, request: Request) -> list[bytes]:
         if self._current() != self.none_hash:
             raise StaleBlockHasherError(
                 f"vLLM's NONE_HASH was re-initialised after this {self.hash_algo} hasher was "
@@ -144,13 +148,13 @@ def make_block_hasher(block_size: int, hash_algo: str = "sha256", *,
     return hasher
 
 
-def block_hasher_for(scheduler: Any) -> BlockHasher:
+def block_hasher_for(scheduler: Scheduler) -> BlockHasher:
     """A hasher matching a live scheduler: its hash block size and its config's algorithm."""
     ad = adapter()
     algo = scheduler.vllm_config.cache_config.prefix_caching_hash_algo
     return make_block_hasher(ad.scheduler_hash_block_size(scheduler), algo)
 
 
-def attach_block_hasher(request: Any, hasher: Callable[[Any], list[bytes]]) -> None:
+def attach_block_hasher(request: Request, hasher: Callable[[Any], list[bytes]]) -> None:
     """Give a Request built elsewhere (without a hasher) one, and hash its full blocks now."""
     adapter().attach_block_hasher(request, hasher)

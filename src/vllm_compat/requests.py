@@ -5,11 +5,15 @@ from __future__ import annotations
 import marshal
 import operator
 import sys
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .detect import adapter
 from .errors import VllmCompatError
 from .hashing import make_block_hasher
+
+if TYPE_CHECKING:  # vLLM's classes, for the type checker only
+    from .adapters.vllm_types import Request, SamplingParams
+
 
 # the module (the package's `detect` attribute is the function of the same name)
 _detect = sys.modules[adapter.__module__]
@@ -180,7 +184,7 @@ def make_request(
     request_id: str,
     prompt_token_ids: Sequence[int],
     *,
-    sampling_params: Any = None,
+    sampling_params: SamplingParams | None = None,
     pooling_params: Any = None,
     eos_token_id: int | None = None,
     block_hasher: Callable[[Any], list[bytes]] | None = AUTO,
@@ -191,7 +195,7 @@ def make_request(
     config: Any = None,
     validate: bool = True,
     **extra: Any,
-) -> Any:
+) -> Request:
     """A real ``Request`` for the installed vLLM, built with keywords for that release.
 
     - ``prompt_token_ids``: a list (or tuple, numpy array, tensor) of token ids. It is

@@ -5,12 +5,22 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .detect import adapter
 
+if TYPE_CHECKING:  # vLLM's classes, for the type checker only
+    from .adapters.vllm_types import (
+        KVCacheConfig,
+        ModelRunnerOutput,
+        Scheduler,
+        SchedulerOutput,
+        VllmConfig,
+    )
 
-def make_vllm_config(model: str | None = None, **kwargs: Any) -> Any:
+
+
+def make_vllm_config(model: str | None = None, **kwargs: Any) -> VllmConfig:
     """A real ``VllmConfig`` for driving the scheduler without an engine.
 
     ``model`` is a local directory holding a ``config.json`` (weights and tokenizer are
@@ -42,7 +52,7 @@ def write_tiny_llama_config(directory: str | os.PathLike[str], **overrides: Any)
 
 def make_kv_cache_config(num_blocks: int, block_size: int, *, layer_names: Iterable[str] = (
         "model.layers.0.self_attn.attn",), num_kv_heads: int = 1, head_size: int = 64,
-        dtype: Any = None) -> Any:
+        dtype: Any = None) -> KVCacheConfig:
     """A ``KVCacheConfig`` with one full-attention group of ``num_blocks`` blocks."""
     kw: dict[str, Any] = dict(layer_names=tuple(layer_names), num_kv_heads=num_kv_heads,
                               head_size=head_size)
@@ -51,8 +61,8 @@ def make_kv_cache_config(num_blocks: int, block_size: int, *, layer_names: Itera
     return adapter().kv_cache_config(num_blocks, block_size, **kw)
 
 
-def make_scheduler(vllm_config: Any, kv_cache_config: Any = None, *, log_stats: bool = False,
-                   include_finished_set: bool = False) -> Any:
+def make_scheduler(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None = None, *,
+                   log_stats: bool = False, include_finished_set: bool = False) -> Scheduler:
     """The Scheduler class vLLM would pick for ``vllm_config``, with this release's arguments.
 
     Without ``kv_cache_config``, one group of ``cache_config.num_gpu_blocks`` blocks of
@@ -65,22 +75,23 @@ def make_scheduler(vllm_config: Any, kv_cache_config: Any = None, *, log_stats: 
                                    include_finished_set=include_finished_set)
 
 
-def schedule(scheduler: Any, *, throttle_prefills: bool = False) -> Any:
+def schedule(scheduler: Scheduler, *, throttle_prefills: bool = False) -> SchedulerOutput:
     """``scheduler.schedule()``; ``throttle_prefills`` exists from vLLM 0.24 only."""
     return adapter().schedule(scheduler, throttle_prefills=throttle_prefills)
 
 
-def update_from_output(scheduler: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+def update_from_output(scheduler: Scheduler, scheduler_output: SchedulerOutput,
+                       model_runner_output: Any) -> Any:
     """``scheduler.update_from_output`` after resolving Futures / async outputs."""
     return adapter().update_from_output(scheduler, scheduler_output, model_runner_output)
 
 
 def make_model_runner_output(req_ids: Sequence[str],
-                             sampled_token_ids: Sequence[Sequence[int]]) -> Any:
+                             sampled_token_ids: Sequence[Sequence[int]]) -> ModelRunnerOutput:
     """A ``ModelRunnerOutput`` for ``req_ids``; give ``[]`` for a request still mid-prefill."""
     return adapter().model_runner_output(req_ids, sampled_token_ids)
 
 
-def grammar_output(scheduler: Any, scheduler_output: Any) -> Any:
+def grammar_output(scheduler: Scheduler, scheduler_output: SchedulerOutput) -> Any:
     """What ``sample_tokens`` needs: the grammar bitmask, or None (always None on 0.10)."""
     return adapter().grammar_output(scheduler, scheduler_output)

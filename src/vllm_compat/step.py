@@ -6,13 +6,18 @@ import collections
 import dataclasses
 import functools
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .detect import adapter
 
+if TYPE_CHECKING:  # vLLM's classes, for the type checker only
+    from .adapters.vllm_types import ModelRunnerOutput, Scheduler, SchedulerOutput
 
-def run_model_step(worker_or_runner: Any, scheduler_output: Any, grammar_output: Any = None, *,
-                   scheduler: Any = None) -> Any:
+
+
+def run_model_step(worker_or_runner: Any, scheduler_output: SchedulerOutput,
+                   grammar_output: Any = None, *,
+                   scheduler: Scheduler | None = None) -> ModelRunnerOutput:
     """Run a model step on a Worker, model runner (V1 or V2) or Executor.
 
     0.10: ``execute_model`` is the whole step. 0.11+: ``execute_model`` returns None and
@@ -58,7 +63,7 @@ class StepPipeline:
     ids of finished requests, which the workers must see to free their state.
     """
 
-    def __init__(self, scheduler: Any, executor: Any, *, depth: int = 2,
+    def __init__(self, scheduler: Scheduler, executor: Any, *, depth: int = 2,
                  between: Callable[[Any], Any] | None = None) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")

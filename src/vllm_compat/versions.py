@@ -27,6 +27,8 @@ class Era:
     # Probe values every release of the era shows; used to verify or override the version.
     signature: Mapping[str, bool] = field(default_factory=dict)
     summary: str = ""
+    # Probe values without which the module cannot run at all (checked also when forced).
+    requires: Mapping[str, bool] = field(default_factory=dict)
 
 
 ERAS: tuple[Era, ...] = (
@@ -34,21 +36,25 @@ ERAS: tuple[Era, ...] = (
         "v0_10", Version("0.10.2"), "v0_10",
         {"two_phase_step": False, "request_takes_eos": True, "fixed_none_hash_seed": False},
         "single-phase execute_model; hashing in vllm.utils; Scheduler without block_size",
+        {"two_phase_step": False, "hashing_module": False},
     ),
     Era(
         "v0_11", Version("0.11.0"), "v0_11",
         {"two_phase_step": True, "request_takes_eos": True, "fixed_none_hash_seed": False},
         "execute_model + sample_tokens; Request(eos_token_id=...) required",
+        {"two_phase_step": True, "hashing_module": True},
     ),
     Era(
         "v0_17", Version("0.17.0"), "_common",
         {"two_phase_step": True, "request_takes_eos": False, "fixed_none_hash_seed": False},
         "Request without eos_token_id; NONE_HASH random per process unless PYTHONHASHSEED",
+        {"two_phase_step": True, "hashing_module": True},
     ),
     Era(
         "v0_29", Version("0.29.0"), "_common",
         {"two_phase_step": True, "request_takes_eos": False, "fixed_none_hash_seed": True},
         "model runner V2 by default; NONE_HASH fixed for sha256",
+        {"two_phase_step": True, "hashing_module": True},
     ),
 )
 ERAS_BY_NAME = {e.name: e for e in ERAS}

@@ -32,9 +32,12 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import layers as _layers
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["VllmHiddenStatesGenerator", "prepare_prompts", "samples_to_results"]
 
@@ -226,7 +229,7 @@ class VllmHiddenStatesGenerator:
         # speculators 0.4: a falsy value means max(8192, max_model_len)
         self.max_num_batched_tokens = (max_num_batched_tokens
                                        or max(MIN_MAX_BATCHED_TOKENS, self.max_model_len))
-        self._tokenizer = None
+        self._tokenizer: Any = None
 
         local_path = local_model_path(model_path)
         # speculators 0.3/0.4 hard-coded trust_remote_code=True: code shipped with a
@@ -266,7 +269,7 @@ class VllmHiddenStatesGenerator:
 
     # ------------------------------------------------------------------ speculators API
 
-    def generate(self, token_ids: list[list[int]] | torch.Tensor) -> list[dict]:  # noqa: F821
+    def generate(self, token_ids: list[list[int]] | torch.Tensor) -> list[dict]:
         """Extract hidden states from the prefill of each prompt (input order).
 
         Args:
