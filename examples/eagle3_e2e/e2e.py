@@ -89,8 +89,8 @@ class Recorder:
 
     def mirror(self) -> None:
         """Best effort: the copy in ``out`` is a report; ``work``'s JSONL is the record. A lost
-        ``out`` must not fail a finished step (seen on the H200: ``--out`` under the device
-        tool's $OUT, emptied at every call, turned a trained target into a failed phase)."""
+        ``out`` (a folder emptied or removed by something else meanwhile) must not fail a
+        finished step."""
         if self.out is None:
             return
         rows = []
@@ -182,8 +182,7 @@ def copy_artifacts(work: Path, out: Path | None, max_file: int = 4 << 20, max_to
         with contextlib.suppress(OSError):
             shutil.copy2(p, dst)
             total += size
-    # The device tool brings back at most 8 files, 2 folders deep: the same files as one archive
-    # (seen on the H200: work/llama/run/metrics.csv and most reports were left behind).
+    # The same files as one archive too, for tools that copy back only a few top-level files.
     import tarfile
 
     tree = out / "work"
@@ -591,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m examples.eagle3_e2e", description=__doc__.split("\n\n")[0])
     p.add_argument("phase", choices=("target", "pipeline", "evaluate", "all"))
     p.add_argument("--work", required=True, help="work directory (kept between phases)")
-    p.add_argument("--out", help="directory for reports, logs and plots (e.g. $OUT)")
+    p.add_argument("--out", help="directory for reports, logs and plots")
     p.add_argument("--model", choices=MODELS, default="llama")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -612,8 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch", type=int, default=64)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--warmup", type=int, default=200)
-    # 1 min: both H200 runs of 2026-11-29 kept an early step (378 at ~20 s, 473 at ~25 s);
-    # the held-out loss only rose after that, so minutes 1-3 were device time spent on nothing
+    # 1 min: runs on an H200 kept an early step (378 at ~20 s, 473 at ~25 s); the held-out
+    # loss only rose after that, so longer budgets bought nothing
     g.add_argument("--target-minutes", type=float, default=1.0)
     g.add_argument("--target-steps", type=int, help="a step count instead of the wall-clock budget")
     g.add_argument("--eval-tokens", type=int, default=262_144)

@@ -1,4 +1,4 @@
-"""Request-level bad input (issue #8): vllm_compat's exact message, and what raw vLLM does.
+"""Request-level bad input: vllm_compat's exact message, and what raw vLLM does.
 
 Each case asserts the message make_request / make_block_hasher gives on this release, and
 then feeds the same input to the raw vLLM path (Request(...) or get_request_block_hasher

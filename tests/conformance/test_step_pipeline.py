@@ -1,6 +1,6 @@
 """StepPipeline: two model steps in flight against the real Scheduler and UniProcExecutor.
 
-What the extractor does at TP=1 since the sixth session: step N+1 is scheduled and launched
+What the extractor does at TP=1: step N+1 is scheduled and launched
 before step N's sampled tokens are waited for. The scheduler (``Scheduler``, or
 ``AsyncScheduler`` as with vLLM's ``async_scheduling``) and the executor are vLLM's own; the
 worker is a stand-in with the real contract (``execute_model`` returns None and keeps state,

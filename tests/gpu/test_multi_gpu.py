@@ -1,4 +1,4 @@
-"""Tensor-parallel extraction and multi-GPU draft training (issue 9), plus the KV-leak check.
+"""Tensor-parallel extraction and multi-GPU draft training, plus the KV-leak check.
 
 * TP=2 extraction equals TP=1 for the tiny DeepSeek-V3 (MLA + MoE); the Llama case lives in
   ``test_extract_gpu.py``.

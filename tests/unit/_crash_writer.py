@@ -11,7 +11,7 @@ the chunks of one file's write. The calls themselves are the real ones, unchange
 Two broken things the test must catch: ``mode="in_place"`` is the same writer with
 ``atomic_write_bytes`` replaced by a plain in-place write (no temporary name, no rename);
 ``mode="no_intent"`` writes each file atomically but commits a shard the way the writer did
-before issue #8 (rename the shard, then list it; no ``pending`` record first).
+naively (rename the shard, then list it; no ``pending`` record first).
 """
 
 from __future__ import annotations

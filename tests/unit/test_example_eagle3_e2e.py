@@ -1,4 +1,4 @@
-"""Issue 7 pieces that run on the CPU: stdlib corpus, BPE tokenizer, target training, the
+"""The EAGLE-3 example's pieces that run on the CPU: stdlib corpus, BPE tokenizer, target training, the
 e2e ``pipeline`` phase (transformers extraction), and evaluate's metric arithmetic."""
 
 from __future__ import annotations
@@ -201,15 +201,15 @@ def test_pipeline_phase_on_cpu_through_export_and_validate(fake_stdlib, tmp_path
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # 4 layers: the last three of 1..L-1
     assert (out / "work" / "llama" / "target" / "train_report.json").exists()
     import tarfile
-    with tarfile.open(out / "work-artifacts.tar.gz") as tar:  # what the device tool brings back
+    with tarfile.open(out / "work-artifacts.tar.gz") as tar:  # the reports as one archive
         assert "work/llama/target/train_report.json" in tar.getnames()
     assert not list(out.rglob("*.safetensors"))  # reports only, no weights
 
 
 def test_a_lost_report_folder_does_not_fail_a_finished_step(tmp_path, capsys):
-    """The device tool empties $OUT at every call; with --out there, the target phase of a
-    real H200 run trained and saved the target, then failed writing e2e.json.tmp. The
-    record lives in work/; the out/ copy is best effort (recreated, or skipped with a log)."""
+    """A report folder emptied or removed by something else while a phase runs must not fail
+    the phase (a real run trained and saved the target, then failed writing e2e.json.tmp).
+    The record lives in work/; the out/ copy is best effort (recreated, or skipped with a log)."""
     import shutil
 
     from examples.eagle3_e2e import e2e
@@ -217,7 +217,7 @@ def test_a_lost_report_folder_does_not_fail_a_finished_step(tmp_path, capsys):
     work, out = tmp_path / "w", tmp_path / "out"
     rec = e2e.Recorder(work, out, "target")
     with rec.step("emptied") as r:
-        shutil.rmtree(out)  # what the device tool does between calls
+        shutil.rmtree(out)  # emptied by something else
         r["x"] = 1
     with rec.step("blocked") as r:
         shutil.rmtree(out)

@@ -1,4 +1,4 @@
-"""One job per output directory (issue #8): a second job fails clearly, a dead one never blocks.
+"""One job per output directory: a second job fails clearly, a dead one never blocks.
 
 The other job is a real second process holding the lock (``vllm_compat.locking``, no torch
 import, so it starts in well under a second).

@@ -1,4 +1,4 @@
-"""Datasets, samples and checkpoints may come from other people (issue #8): nothing is
+"""Datasets, samples and checkpoints may come from other people: nothing is
 unpickled, names in a manifest cannot leave the dataset directory, and loading a target
 never runs code shipped with it.
 

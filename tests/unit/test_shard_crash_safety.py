@@ -1,4 +1,4 @@
-"""Crash safety of the shard dataset writer under SIGKILL (issue #8).
+"""Crash safety of the shard dataset writer under SIGKILL.
 
 The writer (``_crash_writer.child_main``: the production ``ShardWriter`` fed by a
 deterministic state source) runs in a child process that stops before each file-system call

@@ -1,4 +1,4 @@
-"""HiddenStatesDataset refuses damaged datasets with an error naming the file (issue #8),
+"""HiddenStatesDataset refuses damaged datasets with an error naming the file,
 or, with ``on_invalid="skip"``, leaves the bad shards out and reports them.
 
 Each test damages one thing of a dataset written by the real ShardWriter (files rewritten

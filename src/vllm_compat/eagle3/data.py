@@ -262,10 +262,10 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-# A shard's digest since the sixth session: sha256 over the sha256 of each DIGEST_PIECE-byte
-# piece of the file, the pieces hashed on a thread pool (hashlib releases the GIL). One
-# sha256 runs at ~2 GB/s on one core; on the H200-x2 host it bounded the writer at 0.61 of
-# the disk (writer without hashing: 1.0). Manifests keep it as "sha256_tree" beside
+# A shard's digest: sha256 over the sha256 of each DIGEST_PIECE-byte piece of the file, the
+# pieces hashed on a thread pool (hashlib releases the GIL). One sha256 runs at ~2 GB/s on
+# one core; on an H200 host it bounded the writer at 0.61 of the disk (writer without
+# hashing: 1.0). Manifests keep it as "sha256_tree" beside
 # "sha256_piece"; "sha256" (whole file, earlier writers) is still checked where present.
 DIGEST_PIECE = 16 << 20
 HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
