@@ -87,6 +87,11 @@ class TargetInfo:
         return list(self.config.get("architectures") or [])
 
     @property
+    def is_multimodal_wrapper(self) -> bool:
+        """A vision-language wrapper around a text backbone (Kimi-K2.5, Qwen-VL, ...)."""
+        return isinstance(self.config.get("vision_config"), Mapping)
+
+    @property
     def is_mla(self) -> bool:
         """Multi-head latent attention (DeepSeek-V2/V3, Kimi): ``kv_lora_rank`` is set."""
         return bool(self.text_config.get("kv_lora_rank"))

@@ -14,6 +14,7 @@ import warnings
 import pytest
 from packaging.version import Version
 
+from vllm_compat.errors import UnsupportedFeatureError
 from vllm_compat.runtime import capture_plan as X
 from vllm_compat.target import TargetInfo
 
@@ -26,14 +27,24 @@ AUX_SINCE = {
     ("LlamaForCausalLM", False): Version("0.11.2"),
     ("LlamaForCausalLM", True): Version("0.18.1"),
     # DeepseekV2ForCausalLM became SupportsEagle3 in 0.18.1; its end-layer capture (id L)
-    # came with vllm#46973 in 0.25.1.
+    # came with vllm#46973 in 0.25.0, before which the final-state tap hands L out.
     ("DeepseekV3ForCausalLM", False): Version("0.18.1"),
-    ("DeepseekV3ForCausalLM", True): Version("0.25.1"),
+    ("DeepseekV3ForCausalLM", True): Version("0.18.1"),
+    # Kimi-K2.5 delegates the aux path to its DeepseekV2ForCausalLM from 0.18.1 (vllm#36361);
+    # the class exists from 0.15.0 (before it, the registry does not know the architecture).
+    ("KimiK25ForConditionalGeneration", False): Version("0.18.1"),
+    ("KimiK25ForConditionalGeneration", True): Version("0.18.1"),
 }
+TAP_UNTIL = Version("0.25.0")  # DeepSeek backbones: L through the tap before vLLM returns it
+KIMI_SINCE = Version("0.15.0")
 CONFIGS = {
     "LlamaForCausalLM": {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": L},
     "DeepseekV3ForCausalLM": {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": L,
                               "kv_lora_rank": 512},
+    "KimiK25ForConditionalGeneration": {
+        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+        "text_config": {"model_type": "kimi_k2", "num_hidden_layers": L, "kv_lora_rank": 512},
+        "vision_config": {"hidden_size": 144}},
 }
 
 
@@ -50,11 +61,20 @@ def _plan(tmp_path, arch, ids, eager):
 @pytest.mark.parametrize("eager", [True, False], ids=["eager", "compiled"])
 def test_capture_path_per_release(tmp_path, vllm_version, arch, with_final, eager):
     ids = tuple(range(0, L + 1)) if with_final else tuple(range(0, L))
+    if arch.startswith("Kimi") and vllm_version < KIMI_SINCE:
+        with pytest.raises(UnsupportedFeatureError, match=(
+                rf"vLLM {X.vllm.__version__} has no model class for \['{arch}'\] "
+                r"\(added in vLLM 0\.15\.0\): .* cannot run on this release")):
+            _plan(tmp_path, arch, ids, eager)
+        return
     p, warned = _plan(tmp_path, arch, ids, eager)
     assert p.model_cls == arch  # the registry resolved the real class
     if vllm_version >= AUX_SINCE[(arch, with_final)]:
-        assert (p.mode, p.enforce_eager, p.note, warned) == ("aux", eager, "", [])
-        assert p.native_ids == tuple(i for i in ids if i != 0)  # id 0 is recomputed, not asked of vLLM
+        tapped = with_final and arch != "LlamaForCausalLM" and vllm_version < TAP_UNTIL
+        assert (p.mode, p.enforce_eager, p.tap_final, warned) == ("aux", eager, tapped, [])
+        # id 0 is recomputed, not asked of vLLM; a tapped L is not asked of vLLM either
+        assert p.native_ids == tuple(i for i in ids if i != 0 and not (tapped and i == L))
+        assert ("tapped from the final norm" in p.note) == tapped
         return
     assert p.mode == "hooks" and p.enforce_eager is True and p.native_ids == ()
     # the note always says why auto chose hooks (it was empty for eager runs before)

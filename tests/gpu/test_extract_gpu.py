@@ -293,16 +293,11 @@ def test_native_backend_llama_and_mla_fallback(ckpts):
     rel = M.rel_err(_cat(n["samples"]), _cat(a["samples"], [1, 2, 3, 4]))
     M.record("native:llama", rel=rel, info=n["info"])
     assert rel <= TOL_SAME
-    # MLA: refused by vLLM's connector -> our planner falls back with a clear warning.
+    # MLA: refused before any engine starts, with the reason and what to use instead.
     from vllm_compat.runtime import capture_plan as ad
     from vllm_compat.target import read_target
-    target = read_target(ckpts["deepseek_v3"])
-    with pytest.warns(UserWarning, match="refuses MLA models"):
-        p = ad.plan(target, (0, 4), backend="native", enforce_eager=False)
-    # the fallback is what "auto" picks on this release: aux on 0.26.0; hooks on 0.20.2,
-    # whose DeepseekV2 aux path cannot return these ids (seen on the H200)
-    auto = ad.plan(target, (0, 4), backend="auto", enforce_eager=False)
-    assert p.mode == auto.mode != "native", (p, auto)
+    with pytest.raises(ValueError, match="backend='native' is refused for MLA models"):
+        ad.plan(read_target(ckpts["deepseek_v3"]), (1, 4), backend="native", enforce_eager=False)
 
 
 def test_extract_hidden_states_function_and_early_stop(ckpts):

@@ -23,6 +23,7 @@ from typing import Sequence
 import vllm
 from packaging.version import Version
 
+from ..errors import UnsupportedFeatureError
 from ..target import TargetInfo
 
 VLLM_VERSION = Version(Version(vllm.__version__).base_version)
@@ -38,6 +39,20 @@ try:
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model
 except ImportError:  # pragma: no cover - present in every supported release
     DeepseekV2ForCausalLM = DeepseekV2Model = None  # type: ignore[assignment,misc]
+
+# 0.15.0 added Kimi-K2.5 (vllm#33131); from 0.16 its language_model is a DeepseekV2ForCausalLM,
+# from 0.18.1 it delegates set_aux_hidden_state_layers to it (vllm#36361).
+try:
+    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
+except ImportError:  # < 0.15.0
+    KimiK25ForConditionalGeneration = None  # type: ignore[assignment,misc]
+
+# Architectures a user may meet on a release that predates them.
+ADDED_IN = {"KimiK25ForConditionalGeneration": "0.15.0"}
+
+# vllm#46973 (0.25.0): DeepseekV2Model also captures hidden_states + residual at end_layer,
+# after its loop, so its aux path returns the final state L.
+DEEPSEEK_FINAL_AUX = Version("0.25.0")
 
 
 def _model_class(target: TargetInfo) -> type | None:
@@ -62,15 +77,25 @@ def native_aux_ids(model_cls: type | None, num_layers: int) -> frozenset[int]:
         # 0.18.1+: _maybe_add_hidden_state(aux, 0, ...) before the loop, idx + 1 after
         # each layer: 0..L all work.
         return frozenset(range(0, L + 1))
-    if DeepseekV2ForCausalLM is not None and issubclass(model_cls, DeepseekV2ForCausalLM):
+    if deepseek_backbone(model_cls):
         # DeepseekV2Model: `if idx in aux: aux.append(hidden_states + residual)` before
-        # layer idx, residual is None at idx 0 (TypeError), so 0 is out. The end_layer
-        # capture (index L) came with vllm#46973 in 0.25.1.
-        top = L + 1 if VLLM_VERSION >= Version("0.25.1") else L
+        # layer idx, residual is None at idx 0 (TypeError), so 0 is out; L from 0.25.0.
+        top = L + 1 if VLLM_VERSION >= DEEPSEEK_FINAL_AUX else L
         return frozenset(range(1, top))
     # Pre-0.18.1 Llama-style loops: before layer idx, `hidden_states + residual` (0 fails,
     # L is never reached). Conservative for any other SupportsEagle3 model.
     return frozenset(range(1, L))
+
+
+def deepseek_backbone(model_cls: type | None) -> bool:
+    """A DeepSeek-V2/V3 decoder (``DeepseekV2Model``) behind this class: DeepseekV2/V3, and
+    Kimi-K2.5, whose language model is always built as ``DeepseekV2ForCausalLM``."""
+    if model_cls is None:
+        return False
+    if DeepseekV2ForCausalLM is not None and issubclass(model_cls, DeepseekV2ForCausalLM):
+        return True
+    return KimiK25ForConditionalGeneration is not None and issubclass(
+        model_cls, KimiK25ForConditionalGeneration)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +106,8 @@ class Plan:
     enforce_eager: bool
     model_cls: str
     note: str = ""
+    # L through runtime.final_state_tap (compile-safe), not through vLLM's aux list
+    tap_final: bool = False
 
 
 def plan(target: TargetInfo, layer_ids: Sequence[int], *, backend: str,
@@ -88,7 +115,13 @@ def plan(target: TargetInfo, layer_ids: Sequence[int], *, backend: str,
     """How to capture ``layer_ids`` of ``target`` on the installed vLLM (see the module doc)."""
     num_layers = target.num_hidden_layers
     cls = _model_class(target)
-    name = cls.__name__ if cls is not None else "?"
+    if cls is None:
+        since = {a: ADDED_IN[a] for a in target.architectures if a in ADDED_IN}
+        raise UnsupportedFeatureError(
+            f"vLLM {vllm.__version__} has no model class for {target.architectures}"
+            + (f" (added in vLLM {', '.join(sorted(set(since.values())))})" if since else "")
+            + f": {target.path} cannot run on this release")
+    name = cls.__name__
     ids = tuple(layer_ids)
     srt = tuple(sorted(set(ids) - {0}))
     supported = native_aux_ids(cls, num_layers)
@@ -108,11 +141,14 @@ def plan(target: TargetInfo, layer_ids: Sequence[int], *, backend: str,
             raise ValueError(f"backend='native' needs vLLM 0.17.1+ (extract_hidden_states); "
                              f"installed {vllm.__version__}")
         if target.is_mla:
-            note = ("backend='native' refuses MLA models (ExampleHiddenStatesConnector cannot "
-                    "isolate the hidden-state KV group: 'MLA verifiers are unsupported'); "
-                    "falling back to backend='aux'")
-            warnings.warn(note, stacklevel=3)
-            backend = "auto"
+            # The connector stores the states in a KV-cache layer beside the model's; with an
+            # MLA model vLLM groups it with the MLA layers (it refuses that from 0.25.0 only
+            # when it finds two groups), and no release here was shown to give correct states.
+            raise ValueError(
+                f"backend='native' is refused for MLA models ({name}): vLLM's "
+                "extract_hidden_states connector keeps the states in the MLA KV-cache group, "
+                "where they are not known to come back intact; use backend='auto' (vLLM's aux "
+                "path, compiled)")
         elif not set(ids) <= supported:
             raise ValueError(f"backend='native': {name} on vLLM {vllm.__version__} cannot "
                              f"return layer ids {sorted(set(ids) - supported)}")
@@ -125,6 +161,14 @@ def plan(target: TargetInfo, layer_ids: Sequence[int], *, backend: str,
             return Plan("native", ids, srt, enforce_eager, name)
     if backend in ("auto", "aux") and set(ids) <= supported:
         return Plan("aux", ids, srt, enforce_eager, name, note)
+    # Before 0.25.0 DeepSeek's aux path stops short of L; the final norm's residual is L, and
+    # the tap hands it out under torch.compile and CUDA graphs (0.11.2+: the aux path).
+    if (backend in ("auto", "aux") and set(ids) - supported == {num_layers}
+            and deepseek_backbone(cls) and supported):
+        why = (f"{name}'s aux path on vLLM {vllm.__version__} cannot return {num_layers}: "
+               "the final state is tapped from the final norm")
+        return Plan("aux", ids, tuple(i for i in srt if i != num_layers), enforce_eager, name,
+                    (note + "; " if note else "") + why, tap_final=True)
     if backend == "aux":
         raise ValueError(
             f"backend='aux': vLLM {vllm.__version__}'s aux path of {name} cannot return layer "

@@ -18,12 +18,12 @@ import os
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
-from packaging.version import Version
 
 from ..extract.ordering import BatchLayout, split_batch
 from ..extract.staging import HostStaging, StagedCopy
 from ..rpc import runner_flavour
-from .capture_plan import VLLM_VERSION, DeepseekV2Model, EagleModelMixin
+from . import final_state_tap
+from .capture_plan import DEEPSEEK_FINAL_AUX, VLLM_VERSION, DeepseekV2Model, EagleModelMixin
 
 # The runner classes whose load_model we wrap while the LLM is being built.
 _RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
@@ -35,6 +35,7 @@ _PENDING: dict[str, Any] | None = None
 # variable, and AuxWorkerExtension (vLLM's worker_extension_cls, imported by every worker
 # before load_model) makes the worker import this module, which wraps load_model.
 ENV_AUX = "VLLM_COMPAT_AUX_LAYERS"
+ENV_TAP = "VLLM_COMPAT_TAP_FINAL"  # "1": tap the final state (final_state_tap)
 
 
 def _inner_model(model: Any) -> Any:
@@ -50,7 +51,7 @@ def _enable_aux(runner: Any, ids: tuple[int, ...]) -> None:
     is_mixin = EagleModelMixin is not None and isinstance(inner, EagleModelMixin)
     # Cross-check of plan(): the class-level guess must match the loaded inner model.
     ds_final = (DeepseekV2Model is not None and isinstance(inner, DeepseekV2Model)
-                and VLLM_VERSION >= Version("0.25.1"))
+                and VLLM_VERSION >= DEEPSEEK_FINAL_AUX)
     if L in ids and not (is_mixin or ds_final):
         raise RuntimeError(f"{type(inner).__name__}'s aux path cannot return id {L} (final)")
     model.set_aux_hidden_state_layers(tuple(ids))
@@ -58,15 +59,34 @@ def _enable_aux(runner: Any, ids: tuple[int, ...]) -> None:
     runner._vllm_compat_aux = tuple(ids)
 
 
+def _tap_final_state(runner: Any) -> None:
+    """Install the final-state tap on the backbone's final norm (before compile/capture)."""
+    inner = _inner_model(runner.model)
+    norm = getattr(inner, "norm", None)
+    if norm is None or getattr(inner, "end_layer", len(inner.layers)) != len(inner.layers):
+        raise RuntimeError(f"{type(inner).__name__}: no final norm to tap on this rank "
+                           "(pipeline parallelism is not supported)")
+    rows = int(runner.scheduler_config.max_num_batched_tokens)
+    cc = getattr(runner, "compilation_config", None)
+    # CUDA graphs pad a step to a captured size, which can exceed the token budget
+    rows = max(rows, int(getattr(cc, "max_cudagraph_capture_size", 0) or 0))
+    w = norm.weight
+    runner._vllm_compat_tap = (len(inner.layers),
+                               final_state_tap.install(norm, rows, w.shape[0], w.dtype, w.device))
+
+
 def _wrap_load_model(orig: Any) -> Any:
     @functools.wraps(orig)
     def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, *args, **kwargs)
-        ids = (_PENDING or {}).get("aux")
+        pending = _PENDING or {}
+        ids = pending.get("aux")
         if not ids and os.environ.get(ENV_AUX):
             ids = tuple(int(x) for x in os.environ[ENV_AUX].split(","))
         if ids:
             _enable_aux(self, tuple(ids))
+        if pending.get("tap") or os.environ.get(ENV_TAP) == "1":
+            _tap_final_state(self)
         return out
     load_model._vllm_compat_orig = orig  # type: ignore[attr-defined]
     return load_model
@@ -95,16 +115,17 @@ class AuxWorkerExtension:
     """Empty ``worker_extension_cls``: importing it in a worker wraps load_model (see below)."""
 
 
-if os.environ.get(ENV_AUX):  # a worker process of an extraction engine (TP > 1, spawn)
+if os.environ.get(ENV_AUX) or os.environ.get(ENV_TAP):  # a worker of an engine at TP > 1
     _patch_runners()
 
 
 @contextlib.contextmanager
-def aux_configured(ids: tuple[int, ...] | None) -> Iterator[None]:
-    """Wrap the runners' load_model so aux layers are set before warm-up / compile."""
+def aux_configured(ids: tuple[int, ...] | None, tap_final: bool = False) -> Iterator[None]:
+    """Wrap the runners' load_model so aux layers (and the final-state tap) are set before
+    warm-up / compile."""
     global _PENDING
     patched = _patch_runners()
-    _PENDING = {"aux": ids} if ids else None
+    _PENDING = {"aux": ids, "tap": tap_final} if ids or tap_final else None
     try:
         yield
     finally:
@@ -167,6 +188,7 @@ def describe(worker: Any) -> dict[str, Any]:
     return {
         "runner": runner_flavour(worker),
         "aux": getattr(runner, "_vllm_compat_aux", None),
+        "tap_final": getattr(runner, "_vllm_compat_tap", None) is not None,
         "use_aux": bool(getattr(runner, "use_aux_hidden_state_outputs", False)),
         "model": type(runner.model).__name__,
         "hooks": sorted(getattr(getattr(worker, "_vllm_compat_hooks", None), "buf", {}) or []),
@@ -231,6 +253,9 @@ def collect(worker: Any, num_scheduled: dict[str, int], mode: str,
             if len(aux) != len(native):
                 raise RuntimeError(f"model returned {len(aux)} aux states for ids {native}")
         by_id = dict(zip(native or (), aux or ()))  # vLLM returns them in ascending order
+        tap = getattr(runner, "_vllm_compat_tap", None)
+        if tap is not None:
+            by_id[tap[0]] = tap[1]  # the final state, copied by final_state_tap
         if emb is not None:
             by_id[0] = emb
     else:

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import vllm
+from packaging.version import Version
 from vllm import LLM, SamplingParams
 
 from ..detect import detect
@@ -28,7 +29,7 @@ from ..rpc import collective_rpc
 from ..step import StepPipeline
 from ..target import TargetInfo
 from . import capture_worker
-from .capture_plan import plan
+from .capture_plan import VLLM_VERSION, plan
 from .llm import free_gpu_memory, shutdown_engine
 
 
@@ -49,6 +50,31 @@ def _restore_env(old: Mapping[str, str | None]) -> None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# vLLM 0.21 catches the tokenizer error raised while it builds a multimodal model's processing
+# info without a tokenizer and starts text-only; 0.15-0.20 fail the engine start.
+TEXT_ONLY_WITHOUT_TOKENIZER = Version("0.21.0")
+
+
+def _multimodal_wrapper_args(target: TargetInfo, fields: set[str],
+                             kw: Mapping[str, Any]) -> dict[str, Any]:
+    """Engine arguments for a multimodal wrapper (Kimi-K2.5): text only, and where the release
+    loads the tokenizer and image processor at engine start, with them."""
+    if not target.is_multimodal_wrapper:
+        return {}
+    out: dict[str, Any] = {}
+    if "language_model_only" in fields:  # 0.18.1+: no vision tower, no encoder profiling
+        out["language_model_only"] = kw.get("language_model_only", True)
+    if VLLM_VERSION < TEXT_ONLY_WITHOUT_TOKENIZER and not kw.get("skip_tokenizer_init"):
+        if not kw.get("trust_remote_code"):
+            raise ValueError(
+                f"{target.architectures[0]} on vLLM {vllm.__version__} loads its tokenizer and "
+                "image processor at engine start, and this checkpoint's are remote code: pass "
+                "trust_remote_code=True to run them (or use vLLM 0.21+, which starts it "
+                "text-only without them)")
+        out["skip_tokenizer_init"] = False
+    return out
 
 
 def _refuse_unsupported(kw: Mapping[str, Any]) -> None:
@@ -129,6 +155,7 @@ class ExtractionEngine:
                 "kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
                 "kv_connector_extra_config": {"shared_storage_path": self._tmpdir},
             }
+        args.update(_multimodal_wrapper_args(self.target, fields, kw))
         if self._aux_in_worker_processes:
             if kw.get("worker_extension_cls"):
                 raise ValueError("worker_extension_cls is used by the extractor for TP > 1")
@@ -143,7 +170,7 @@ class ExtractionEngine:
         # not configured on the worker"). The ids go by environment and the worker imports
         # capture_worker through worker_extension_cls.
         return (self.tensor_parallel_size > 1 and self.plan.mode == "aux"
-                and bool(self.plan.native_ids))
+                and (bool(self.plan.native_ids) or self.plan.tap_final))
 
     def _build_llm(self, args: dict[str, Any]) -> LLM:
         """Build the ``LLM`` with the environment it needs, aux capture configured at load."""
@@ -160,12 +187,16 @@ class ExtractionEngine:
             env["VLLM_USE_AOT_COMPILE"] = "0"
             keep |= {"VLLM_DISABLE_COMPILE_CACHE", "VLLM_USE_AOT_COMPILE"}
         if self._aux_in_worker_processes:
-            env[capture_worker.ENV_AUX] = ",".join(map(str, self.plan.native_ids))
+            if self.plan.native_ids:
+                env[capture_worker.ENV_AUX] = ",".join(map(str, self.plan.native_ids))
+            if self.plan.tap_final:
+                env[capture_worker.ENV_TAP] = "1"
         old = _set_env(**env)
         _reset_envs_cache()
         try:
             with capture_worker.aux_configured(
-                    self.plan.native_ids if self.plan.mode == "aux" else None):
+                    self.plan.native_ids if self.plan.mode == "aux" else None,
+                    tap_final=self.plan.tap_final):
                 return LLM(**args)
         finally:
             _restore_env({k: v for k, v in old.items() if k not in keep})
@@ -185,6 +216,8 @@ class ExtractionEngine:
             if self.executor is not None else {}
         if self.plan.mode == "aux" and self.plan.native_ids and not info.get("use_aux"):
             raise RuntimeError(f"aux capture was not configured on the worker: {info}")
+        if self.plan.tap_final and not info.get("tap_final"):
+            raise RuntimeError(f"the final-state tap was not installed on the worker: {info}")
         self.info = dict(info, mode=self.plan.mode, note=self.plan.note,
                          vllm=vllm.__version__, tp=self.tensor_parallel_size,
                          enforce_eager=self.plan.enforce_eager)
