@@ -40,10 +40,18 @@ def build(kind: str, path: str) -> str:
 class HFReference:
     """HF transformers states in our convention: [seq, L+1, hidden] fp32 (k=L pre-norm)."""
 
-    def __init__(self, path: str, dtype: torch.dtype = torch.float32) -> None:
-        import transformers as tf
-        self.model = tf.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).cuda().eval()
+    def __init__(self, path: str | None, dtype: torch.dtype = torch.float32, *,
+                 model: Any = None) -> None:
+        if model is None:
+            import transformers as tf
+            model = tf.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        self.model = model.cuda().eval()
         self.L = self.model.config.num_hidden_layers
+
+    @classmethod
+    def from_model(cls, model: Any) -> "HFReference":
+        """A reference over a transformers model built elsewhere (e.g. Kimi-K2.5's text model)."""
+        return cls(None, model=model)
 
     @torch.no_grad()
     def states(self, ids: list[int]) -> torch.Tensor:

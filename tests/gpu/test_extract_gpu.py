@@ -42,13 +42,13 @@ def _ids(kind: str, L: int = 4) -> tuple[int, ...]:
 
 
 def _aux_reaches_final(kind: str) -> bool:
-    """Whether vLLM's aux path can hand back the final pre-norm state (id L) for ``kind``.
-    DeepseekV2Model captures before each layer only, so L is out before vLLM 0.25.1
-    (vllm#46973 added the end-layer capture); asking for L there falls back to hooks, eager."""
+    """Whether the compiled aux path hands back the final pre-norm state (id L) for ``kind``.
+    DeepseekV2Model has an aux path from 0.18.1; vLLM returns L from it from 0.25.0
+    (vllm#46973), the final-state tap before that."""
     import vllm
     from packaging.version import Version
 
-    return kind != "deepseek_v3" or Version(vllm.__version__) >= Version("0.25.1")
+    return kind != "deepseek_v3" or Version(vllm.__version__) >= Version("0.18.1")
 
 
 def run(ckpts, kind: str, name: str, *, env: dict | None = None, logprobs: bool = False,

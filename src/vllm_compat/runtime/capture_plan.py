@@ -16,6 +16,7 @@ L = final pre-norm state). Modes:
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import warnings
 from typing import Sequence
@@ -53,6 +54,8 @@ ADDED_IN = {"KimiK25ForConditionalGeneration": "0.15.0"}
 # vllm#46973 (0.25.0): DeepseekV2Model also captures hidden_states + residual at end_layer,
 # after its loop, so its aux path returns the final state L.
 DEEPSEEK_FINAL_AUX = Version("0.25.0")
+# "1": tap L on DeepSeek backbones even where vLLM's aux path returns it (to compare the two).
+FORCE_TAP = "VLLM_COMPAT_FINAL_STATE_TAP"
 
 
 def _model_class(target: TargetInfo) -> type | None:
@@ -159,6 +162,8 @@ def plan(target: TargetInfo, layer_ids: Sequence[int], *, backend: str,
                 "residual; use backend='auto' (it recomputes the embeddings)")
         else:
             return Plan("native", ids, srt, enforce_eager, name)
+    if os.environ.get(FORCE_TAP) == "1" and deepseek_backbone(cls):
+        supported = supported - {num_layers}  # compare the tap with vLLM's own L
     if backend in ("auto", "aux") and set(ids) <= supported:
         return Plan("aux", ids, srt, enforce_eager, name, note)
     # Before 0.25.0 DeepSeek's aux path stops short of L; the final norm's residual is L, and
