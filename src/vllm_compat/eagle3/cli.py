@@ -16,7 +16,7 @@ def _prepare(a: argparse.Namespace) -> int:
     from .prepare import prepare
 
     rep = prepare(a.input, a.tokenizer, a.output, max_length=a.max_length, chat_template=a.chat_template,
-                  progress=not a.no_progress)
+                  trust_remote_code=a.trust_remote_code, progress=not a.no_progress)
     print(json.dumps(rep.to_json(), indent=1))
     return 0 if rep.kept else 1
 
@@ -29,6 +29,8 @@ def _extract(a: argparse.Namespace) -> int:
     kw = {}
     if a.backend == "vllm":
         kw = dict(max_num_batched_tokens=a.max_num_batched_tokens, tensor_parallel_size=a.tensor_parallel_size)
+        if a.trust_remote_code:
+            kw["trust_remote_code"] = True
     n = extract_dataset(a.target, a.prepared, a.output, a.aux_layer_ids, backend=a.backend,
                         dtype=getattr(torch, a.dtype), samples_per_shard=a.samples_per_shard,
                         progress=not a.no_progress, **kw)
@@ -112,6 +114,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--chat-template", help="template text or file (default: the tokenizer's)")
     s.add_argument("--max-length", type=int, default=4096)
     s.add_argument("--output", "-o", required=True)
+    s.add_argument("--trust-remote-code", action="store_true",
+                   help="run a tokenizer the checkpoint ships as code (Kimi-K2.5's)")
     s.set_defaults(func=_prepare)
 
     s = steps.add_parser("extract", help="hidden states of the prepare output -> shard dataset (resumable)")
@@ -124,6 +128,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--samples-per-shard", type=int, default=256)
     s.add_argument("--max-num-batched-tokens", type=int)
     s.add_argument("--tensor-parallel-size", type=int, default=1)
+    s.add_argument("--trust-remote-code", action="store_true",
+                   help="let vLLM run the tokenizer / processor code the checkpoint ships (Kimi-K2.5 "
+                        "before vLLM 0.21 loads them at engine start)")
     s.set_defaults(func=_extract)
 
     s = steps.add_parser("vocab", help="draft vocabulary (d2t/t2d) from loss-masked token counts")

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from ..tokenizer import load_tokenizer
+
 PREPARED = "prepared.jsonl"
 SKIPPED = "skipped.jsonl"
 REPORT = "report.json"
@@ -57,17 +59,6 @@ class PrepareReport:
         return {"lines_read": self.lines_read, "kept": self.kept, "kept_tokens": self.kept_tokens,
                 "loss_tokens": self.loss_tokens, "skipped": dict(sorted(self.skipped.items())),
                 "skipped_total": sum(self.skipped.values())}
-
-
-def load_tokenizer(path: str | os.PathLike[str], chat_template: str | None = None) -> Any:
-    """A local tokenizer (never the hub); ``chat_template`` (text or a file path) overrides its own."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    if chat_template is not None:
-        p = Path(chat_template)
-        tok.chat_template = p.read_text() if p.is_file() else chat_template
-    return tok
 
 
 def _messages(record: Any) -> list[dict[str, str]] | None:
@@ -186,10 +177,15 @@ def prepare(
     *,
     max_length: int | None = 4096,
     chat_template: str | None = None,
+    trust_remote_code: bool = False,
     progress: bool = False,
 ) -> PrepareReport:
-    """Tokenise ``input_path`` into ``output_dir``; resumes after the last line handled."""
-    tok = tokenizer if hasattr(tokenizer, "apply_chat_template") else load_tokenizer(tokenizer, chat_template)
+    """Tokenise ``input_path`` into ``output_dir``; resumes after the last line handled.
+
+    A tokenizer the checkpoint ships as code (Kimi-K2.5's) is run only with
+    ``trust_remote_code=True`` (:func:`vllm_compat.tokenizer.load_tokenizer`)."""
+    tok = tokenizer if hasattr(tokenizer, "apply_chat_template") else load_tokenizer(
+        tokenizer, trust_remote_code=trust_remote_code, chat_template=chat_template)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     done = max(_resume_point(out / PREPARED), _resume_point(out / SKIPPED))
