@@ -29,7 +29,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -84,19 +84,54 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def token_stream(tokenizer_dir: str | os.PathLike[str], docs_jsonl: str | os.PathLike[str]) -> tuple[torch.Tensor, int]:
-    """All documents of ``docs_jsonl`` as one int64 stream ``<|bos|> doc <|eos|> <|bos|> ...``;
-    returns ``(stream, number of documents)``."""
+@dataclass
+class Family:
+    """What differs between the target families the example trains: how text becomes ids, which
+    transformers model is trained, how the checkpoint is written."""
+
+    name: str
+    # tokenizer directory -> (encode: texts -> ids without specials, special ids, vocab size)
+    tokenizer: Callable[[str], tuple[Callable[[list[str]], list[list[int]]], dict[str, int], int]]
+    build: Callable[[TargetTrainConfig, int, dict[str, int]], Any]  # (cfg, vocab, special) -> model
+    save: Callable[[Any, TargetTrainConfig, Path, dict[str, int]], None]  # writes the checkpoint
+
+
+def _llama_tokenizer(tokenizer_dir: str) -> tuple[Callable[[list[str]], list[list[int]]], dict[str, int], int]:
     from tokenizers import Tokenizer
 
-    from .tokenizer_train import BOS, EOS
+    from .tokenizer_train import special_ids
 
     tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
-    bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+    return encode, special_ids(tok), tok.get_vocab_size()
+
+
+def _llama_save(model: Any, cfg: TargetTrainConfig, out: Path, special: dict[str, int]) -> None:
+    from transformers import GenerationConfig
+
+    model.config.use_cache = True
+    model.save_pretrained(str(out), safe_serialization=True)
+    copy_tokenizer(cfg.tokenizer_dir, out)
+    GenerationConfig(bos_token_id=special["bos_token_id"], eos_token_id=special["eos_token_id"],
+                     pad_token_id=special["pad_token_id"], do_sample=False).save_pretrained(str(out))
+    cfg_path = out / "config.json"
+    saved = json.loads(cfg_path.read_text())
+    saved.setdefault("torch_dtype", cfg.save_dtype)  # transformers 5 writes "dtype"; older readers want this
+    cfg_path.write_text(json.dumps(saved, indent=1))
+
+
+def token_stream(encode: Callable[[list[str]], list[list[int]]], special: dict[str, int],
+                 docs_jsonl: str | os.PathLike[str]) -> tuple[torch.Tensor, int]:
+    """All documents of ``docs_jsonl`` as one int64 stream ``<bos> doc <eos> <bos> ...``;
+    returns ``(stream, number of documents)``."""
+    bos, eos = special["bos_token_id"], special["eos_token_id"]
     docs = [d["text"] for d in read_jsonl(docs_jsonl)]
     parts = []
-    for enc in tok.encode_batch(docs, add_special_tokens=False):
-        parts.append(torch.tensor([bos, *enc.ids, eos], dtype=torch.int64))
+    for ids in encode(docs):
+        parts.append(torch.tensor([bos, *ids, eos], dtype=torch.int64))
     if not parts:
         raise ValueError(f"{docs_jsonl}: no documents")
     return torch.cat(parts), len(docs)
@@ -112,6 +147,15 @@ def llama_config(cfg: TargetTrainConfig, vocab_size: int, special: dict[str, int
         rope_theta=cfg.rope_theta, rms_norm_eps=1e-5, tie_word_embeddings=False,
         attention_bias=False, mlp_bias=False, hidden_act="silu", use_cache=False, **special, **cfg.extra,
     )
+
+
+def _llama_build(cfg: TargetTrainConfig, vocab_size: int, special: dict[str, int]) -> Any:
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM(llama_config(cfg, vocab_size, special))
+
+
+LLAMA = Family("llama", _llama_tokenizer, _llama_build, _llama_save)
 
 
 def lr_factor(step: int, progress: float, warmup: int, min_ratio: float) -> float:
@@ -160,14 +204,12 @@ def count_params(model: Any) -> dict[str, int]:
     return {"total": total, "embedding": emb, "lm_head": head, "non_embedding": total - emb - head}
 
 
-def train_target(cfg: TargetTrainConfig, *, log: Any = print, return_model: bool = False) -> Any:
+def train_target(cfg: TargetTrainConfig, *, log: Any = print, return_model: bool = False,
+                 family: Family | None = None) -> Any:
     """Train, evaluate, save; returns the report (also written to ``train_report.json``), or
-    ``(report, model)`` with ``return_model`` (the model as saved: on the CPU, in ``save_dtype``)."""
-    from tokenizers import Tokenizer
-    from transformers import GenerationConfig, LlamaForCausalLM
-
-    from .tokenizer_train import special_ids
-
+    ``(report, model)`` with ``return_model`` (the model as saved: on the CPU, in ``save_dtype``).
+    ``family``: the Llama of this example by default."""
+    family = family or LLAMA
     t_start = time.perf_counter()
     device = resolve_device(cfg.device)
     out = Path(cfg.output_dir)
@@ -177,19 +219,17 @@ def train_target(cfg: TargetTrainConfig, *, log: Any = print, return_model: bool
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
-    tok = Tokenizer.from_file(str(Path(cfg.tokenizer_dir) / "tokenizer.json"))
-    special = special_ids(tok)
-    vocab_size = tok.get_vocab_size()
+    encode, special, vocab_size = family.tokenizer(cfg.tokenizer_dir)
     t0 = time.perf_counter()
-    train_stream, n_train_docs = token_stream(cfg.tokenizer_dir, Path(cfg.corpus_dir) / TRAIN_DOCS)
-    eval_stream, n_eval_docs = token_stream(cfg.tokenizer_dir, Path(cfg.corpus_dir) / EVAL_DOCS)
+    train_stream, n_train_docs = token_stream(encode, special, Path(cfg.corpus_dir) / TRAIN_DOCS)
+    eval_stream, n_eval_docs = token_stream(encode, special, Path(cfg.corpus_dir) / EVAL_DOCS)
     tokenize_s = time.perf_counter() - t0
     if train_stream.numel() < cfg.seq_len + 2:
         raise ValueError(f"the training stream has {train_stream.numel()} tokens, fewer than seq_len + 2")
     log(f"[target] tokens: train {train_stream.numel():,} ({n_train_docs} files), "
         f"held-out {eval_stream.numel():,} ({n_eval_docs} files), tokenised in {tokenize_s:.1f} s")
 
-    model = LlamaForCausalLM(llama_config(cfg, vocab_size, special)).to(device)
+    model = family.build(cfg, vocab_size, special).to(device)
     model.config.use_cache = False
     params = count_params(model)
     log(f"[target] {params['total'] / 1e6:.1f} M parameters ({params['non_embedding'] / 1e6:.1f} M non-embedding) on {device}")
@@ -283,18 +323,10 @@ def train_target(cfg: TargetTrainConfig, *, log: Any = print, return_model: bool
     model = model.to("cpu")
     for p in model.parameters():  # parameters only: rotary inv_freq stays fp32, as from_pretrained builds it
         p.data = p.data.to(save_dtype)
-    model.config.use_cache = True
-    model.save_pretrained(str(out), safe_serialization=True)
-    copy_tokenizer(cfg.tokenizer_dir, out)
-    GenerationConfig(bos_token_id=special["bos_token_id"], eos_token_id=special["eos_token_id"],
-                     pad_token_id=special["pad_token_id"], do_sample=False).save_pretrained(str(out))
-    cfg_path = out / "config.json"
-    saved = json.loads(cfg_path.read_text())
-    saved.setdefault("torch_dtype", cfg.save_dtype)  # transformers 5 writes "dtype"; older readers want this
-    cfg_path.write_text(json.dumps(saved, indent=1))
+    family.save(model, cfg, out, special)
 
     report = {
-        "config": asdict(cfg), "device": str(device),
+        "config": asdict(cfg), "family": family.name, "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "params": params, "vocab_size": vocab_size, **special,
         "train_tokens_available": train_stream.numel(), "train_files": n_train_docs,
