@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "versions"),
     ("adapters",),
     ("detect",),
-    ("hashing", "requests", "scheduling", "step", "rpc", "locking", "target",
+    ("hashing", "requests", "scheduling", "step", "rpc", "locking", "isolation", "target",
      "extract.layers", "extract.ordering", "extract.staging"),
     ("runtime",),
     ("extract",),
