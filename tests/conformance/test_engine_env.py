@@ -7,8 +7,9 @@ assertion, "CUDA graph capturing detected at an inappropriate time", a
 ``CUDACachingAllocator`` assertion). It is put back right after the build: vLLM reads it
 only while an engine is built, which the first test checks against the installed release's
 source. The compile variables a compiled engine reads while it runs are put back when it is
-closed (tests/gpu/test_engine_lifecycle.py checks that on a GPU); here, a build that fails
-(no device on this machine: vLLM itself raises) leaves the environment exactly as it was.
+closed, and not before every engine holding them is (tests/gpu/test_engine_lifecycle.py
+checks the closed state on a GPU); here, a build that fails (no device on this machine: vLLM
+itself raises) leaves the environment exactly as it was.
 """
 
 from __future__ import annotations
@@ -78,6 +79,23 @@ def test_engine_env_sets_the_switch_for_the_build_only():
     assert build == {SWITCH: "0", capture_worker.ENV_AUX: "1,3"}
     assert run == {"VLLM_DISABLE_COMPILE_CACHE": "1", "VLLM_USE_AOT_COMPILE": "0"}
     assert engine_env(compiled=False) == ({SWITCH: "0"}, {})
+
+
+def test_run_time_variables_stay_until_the_last_engine_holding_them_is_closed(monkeypatch):
+    """Two compiled extractors open at once: closing the first must not take
+    VLLM_USE_AOT_COMPILE=0 from the second (its compiled forward asserts it at every step)."""
+    from vllm_compat.runtime import extraction as X
+
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    monkeypatch.delenv("VLLM_DISABLE_COMPILE_CACHE", raising=False)
+    _, run = engine_env(compiled=True)
+    X._hold_run_env(run)  # the first engine
+    X._hold_run_env(run)  # the second
+    X._release_run_env(run)  # the first is closed
+    assert (os.environ["VLLM_USE_AOT_COMPILE"], os.environ["VLLM_DISABLE_COMPILE_CACHE"]) == ("0", "1")
+    X._release_run_env(run)  # the second
+    assert os.environ["VLLM_USE_AOT_COMPILE"] == "1" and "VLLM_DISABLE_COMPILE_CACHE" not in os.environ
+    assert X._run_env_holds == {}
 
 
 def test_an_extractor_whose_build_fails_leaves_the_environment_as_it_was(model_dir, monkeypatch):

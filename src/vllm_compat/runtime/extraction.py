@@ -51,6 +51,30 @@ def _restore_env(old: Mapping[str, str | None]) -> None:
             os.environ[k] = v
 
 
+# Run-time variables held by open engines: name -> [the value before the first hold, holders].
+# One engine's close must not take a variable from another engine still running.
+_run_env_holds: dict[str, list[Any]] = {}
+
+
+def _hold_run_env(values: Mapping[str, str]) -> None:
+    for k, v in values.items():
+        held = _run_env_holds.setdefault(k, [os.environ.get(k), 0])
+        held[1] += 1
+        os.environ[k] = v
+
+
+def _release_run_env(names: Iterable[str]) -> None:
+    """Drop one hold on each variable; the last one puts back the value from before the first."""
+    for k in names:
+        held = _run_env_holds.get(k)
+        if held is None:
+            continue
+        held[1] -= 1
+        if held[1] <= 0:
+            del _run_env_holds[k]
+            _restore_env({k: held[0]})
+
+
 def engine_env(*, compiled: bool, aux_ids_for_workers: Sequence[int] = ()
                ) -> tuple[dict[str, str], dict[str, str]]:
     """The variables an extraction engine needs: ``(build, run)``. ``build`` is set only while
@@ -108,7 +132,7 @@ class ExtractionEngine:
         self.layer_ids = tuple(layer_ids)
         self.tensor_parallel_size = tensor_parallel_size
         self._tmpdir: str | None = None
-        self._env_to_restore: dict[str, str | None] = {}
+        self._run_env: tuple[str, ...] = ()  # run-time variables this engine holds
         # Pipelined steps (StepPipeline, depth 2) schedule step N+1 before step N's output is
         # in, as vLLM's async scheduling does: the engine is built for it (AsyncScheduler's
         # output placeholders; the V1 runner then hands its sampled tokens back without a
@@ -180,19 +204,20 @@ class ExtractionEngine:
         build, run = engine_env(
             compiled=not args["enforce_eager"],
             aux_ids_for_workers=self.plan.native_ids if self._aux_in_worker_processes else ())
-        old_build, old_run = _set_env(**build), _set_env(**run)
+        old_build = _set_env(**build)
+        _hold_run_env(run)
         _reset_envs_cache()
         try:
             with capture_worker.aux_configured(
                     self.plan.native_ids if self.plan.mode == "aux" else None):
                 llm = LLM(**args)
         except BaseException:
-            _restore_env(old_run)
+            _release_run_env(run)
             raise
         finally:
             _restore_env(old_build)
             _reset_envs_cache()
-        self._env_to_restore = old_run
+        self._run_env = tuple(run)
         return llm
 
     def _attach_engine_core(self) -> None:
@@ -459,8 +484,8 @@ class ExtractionEngine:
             self._block_hasher = None
             del llm  # the in-process engine's model is freed only with the last reference
             free_gpu_memory()
-            _restore_env(self._env_to_restore)
-            self._env_to_restore = {}
+            _release_run_env(self._run_env)
+            self._run_env = ()
             _reset_envs_cache()
             if self._tmpdir:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
