@@ -92,7 +92,7 @@ def run_isolated(fn: Callable[..., Any], args: Sequence[Any] = (),
     :class:`IsolatedCallError` (``fn`` raised), :class:`IsolatedProcessDiedError` (the process
     died), :class:`IsolatedTimeoutError` (``timeout`` seconds passed). When this returns or
     raises, the child and every process it started have exited."""
-    name = name or getattr(fn, "__qualname__", repr(fn))
+    label: str = name or getattr(fn, "__qualname__", None) or repr(fn)
     ctx = multiprocessing.get_context("spawn")
     task_r, task_w = ctx.Pipe(duplex=False)
     result_r, result_w = ctx.Pipe(duplex=False)
@@ -100,10 +100,11 @@ def run_isolated(fn: Callable[..., Any], args: Sequence[Any] = (),
     # daemon=False: a daemonic process may not start processes, and vLLM starts its engine
     # core and workers as processes
     proc = ctx.Process(target=_child_main, args=(task_r, result_w, life_r),
-                       name=f"vllm-compat isolated: {name}"[:100], daemon=False)
+                       name=f"vllm-compat isolated: {label}"[:100], daemon=False)
     proc.start()
     for end in (task_r, result_w, life_r):  # the child's: its death then shows as EOF here
         end.close()
+    assert proc.pid is not None  # started
     exited = _ExitWatch(proc.pid)
     try:
         try:
@@ -112,13 +113,13 @@ def run_isolated(fn: Callable[..., Any], args: Sequence[Any] = (),
         except (BrokenPipeError, ConnectionResetError):  # the child is already gone
             pass
         task_w.close()
-        msg = _receive(proc, exited, result_r, name, timeout)
+        msg = _receive(proc, exited, result_r, label, timeout)
         exited.wait(EXIT_GRACE_S)
     finally:
         _end_group(proc, exited)
         for end in (task_w, result_r, life_w):
             end.close()
-    return _unpack(msg, proc, name)
+    return _unpack(msg, proc, label)
 
 
 # --------------------------------------------------------------------------- caller side
