@@ -1139,7 +1139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except Exception as e:  # noqa: BLE001 - e.g. no matplotlib on the GPU box
                     print(f"no chart ({type(e).__name__}: {e}); "
                           "run bench/plot_gpu_extraction.py on the JSON")
-    return 0
+    # a mode whose measurement failed fails the run (the others' numbers are in the JSON)
+    failed = {m: r.get("error") for m, r in (bench.res.get("modes") or {}).items()
+              if m in args.modes and r.get("status") == "failed"}
+    for m, err in failed.items():
+        print(f"mode {m} FAILED: {err}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -14,8 +14,14 @@ the whole list is mirrored to ``O/e2e.json``, so a killed run still reports):
   -> vocab -> train the draft (``--draft-minutes`` of wall clock or ``--draft-steps``) ->
   export -> validate. ``llama`` uses the trained target; ``deepseek`` builds the tiny random
   DeepSeek-V3 (MLA + MoE) of :mod:`vllm_compat.testing.models` over the same tokenizer and data.
-- ``evaluate --model ...``: :mod:`.evaluate` on the held-out prompts (vLLM).
+- ``evaluate --model ...``: :mod:`vllm_compat.eagle3.evaluate` on the held-out prompts
+  (vLLM). A configuration that fails is named on stderr and fails the step (exit code 1);
+  the measured ones are kept in the reports.
 - ``all``: target, then pipeline and evaluate for ``--model``.
+
+Every vLLM engine (self-distillation, extraction, each evaluated configuration) runs in a
+process of its own (:func:`vllm_compat.isolation.run_isolated`), so one engine's teardown
+cannot break the next; the draft's training stays in this process.
 
 Layout under ``W``: ``corpus/``, ``tokenizer/``, ``llama/target/``, and per model
 ``<model>/{prep,sd,prep_all,ds,vocab,run,draft,eval}``. Small reports, logs and plots are
@@ -31,6 +37,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -73,7 +80,10 @@ class Recorder:
         except BaseException as exc:
             rec["status"] = "error"
             rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-            rec["traceback"] = traceback.format_exc()[-4000:]
+            # an error raised in a step's own process carries that process's traceback
+            child_tb = getattr(exc, "traceback", None)
+            rec["traceback"] = (child_tb if isinstance(child_tb, str) and child_tb
+                                else traceback.format_exc())[-4000:]
             raise
         finally:
             rec["wall_s"] = round(time.perf_counter() - t0, 2)
@@ -319,6 +329,15 @@ def self_distill(target: Path, prepared: list[dict[str, Any]], n: int, prompt_le
                   "mean_distinct_token_fraction": round(distinct, 4)}
 
 
+def self_distill_step(target: Path, prepared_file: Path, out_file: Path, n: int, prompt_len: int,
+                      max_tokens: int, engine: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """:func:`self_distill` from and to prepared-record files: what the pipeline runs in a
+    process of its own (its engine's teardown then cannot affect a later engine)."""
+    rows, info = self_distill(target, read_prepared(prepared_file), n, prompt_len, max_tokens, engine, seed)
+    write_prepared(out_file, rows)
+    return info
+
+
 def extract_budgeted(target: Path, records_dir: Path, output_dir: Path, aux: Sequence[int], *, budget_s: float | None,
                      dtype: Any, samples_per_shard: int = 256, **extractor_kwargs: Any) -> dict[str, Any]:
     """``extract_step.extract_dataset``'s vLLM path with a wall-clock stop: samples come back in
@@ -458,6 +477,7 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
     from vllm_compat.eagle3.target import read_target
     from vllm_compat.eagle3.validate import validate
     from vllm_compat.eagle3.vocab import build_vocab
+    from vllm_compat.isolation import run_isolated
 
     work = Path(a.work)
     mdir = work / a.model
@@ -493,10 +513,11 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
         8192 if a.model == "llama" and a.extract_backend == "vllm" else 0)
     if n_sd:
         with rec.step("self_distill") as r:
-            sd_rows, info = self_distill(target, rows, n_sd, a.sd_prompt_len, a.sd_max_tokens,
-                                         _engine(a, enforce_eager=True), seed=a.seed)
-            write_prepared(mdir / "sd" / PREPARED, sd_rows)
-            r.update(info)
+            # each engine step runs in its own process: one engine's teardown must not reach the next
+            r.update(run_isolated(self_distill_step, args=(
+                target, mdir / "prep" / PREPARED, mdir / "sd" / PREPARED, n_sd, a.sd_prompt_len,
+                a.sd_max_tokens, _engine(a, enforce_eager=True), a.seed), name="self-distillation"))
+            sd_rows = read_prepared(mdir / "sd" / PREPARED)
     with rec.step("merge") as r:
         merged = rows + sd_rows
         random.Random(a.seed).shuffle(merged)  # a budget-stopped extraction keeps a mix of both
@@ -511,9 +532,10 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
         r["aux_layer_ids"] = list(aux)
         dtype = getattr(torch, a.extract_dtype)
         if a.extract_backend == "vllm":
-            r.update(extract_budgeted(target, mdir / "prep_all", mdir / "ds", aux, budget_s=a.extract_budget_s,
-                                      dtype=dtype, **_engine(a, enforce_eager=not a.extract_compiled,
-                                                             max_num_batched_tokens=a.max_num_batched_tokens)))
+            r.update(run_isolated(extract_budgeted, args=(target, mdir / "prep_all", mdir / "ds", aux), kwargs=dict(
+                budget_s=a.extract_budget_s, dtype=dtype, **_engine(
+                    a, enforce_eager=not a.extract_compiled, max_num_batched_tokens=a.max_num_batched_tokens)),
+                name="extraction"))
         else:
             t0 = time.perf_counter()
             r["samples"] = extract_dataset(target, mdir / "prep_all", mdir / "ds", aux, backend="transformers",
@@ -553,7 +575,7 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
 
 
 def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
-    from vllm_compat.eagle3.evaluate import EvalConfig, evaluate
+    from vllm_compat.eagle3.evaluate import EvalConfig, EvaluationError, evaluate
 
     work = Path(a.work)
     mdir = work / a.model
@@ -571,8 +593,9 @@ def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
             max_model_len=a.eval_max_model_len, engine_kwargs=json.loads(a.engine_kwargs) if a.engine_kwargs else {},
             budget_s=a.eval_budget_s, label=f"EAGLE-3 on {a.model} target",
         )
-        res = evaluate(cfg, log=log)
-        r.update(wall_s=res.get("wall_s"), eagle3_vs_ngram=res["summary"]["eagle3_vs_ngram"],
+        res = evaluate(cfg, log=log, raise_on_error=False)
+        r.update(status=res["status"], failed=res["failed"], skipped=res["skipped"], wall_s=res.get("wall_s"),
+                 eagle3_vs_ngram=res["summary"]["eagle3_vs_ngram"],
                  configs=[{k: c.get(k) for k in ("name", "status", "engine_start_s", "wall_s", "error")}
                           for c in res["configs"]])
         if a.out:
@@ -580,6 +603,10 @@ def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
                 p = mdir / "eval" / name
                 if p.exists():
                     shutil.copy2(p, Path(a.out) / f"{a.model}-{name}")
+        if res["failed"]:  # the step fails, with the measured configurations kept above
+            for f in res["failed"]:
+                print(f"[e2e] evaluate: {f['name']} FAILED: {f['error']}", file=sys.stderr, flush=True)
+            raise EvaluationError(res)
     return res
 
 

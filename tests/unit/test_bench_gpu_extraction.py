@@ -374,11 +374,12 @@ def test_failures_and_the_time_budget_are_recorded(tiny_ckpt, tmp_path, monkeypa
             raise RuntimeError("no HF today")
     monkeypatch.setattr(ge, "HFForward", Broken)
     out = tmp_path / "r"
-    ge.main(["--model", "llama-tiny", "--checkpoint", tiny_ckpt, "--out", str(out), "--modes",
-             "d", "--no-plot", *TINY_ARGS])
+    rc = ge.main(["--model", "llama-tiny", "--checkpoint", tiny_ckpt, "--out", str(out), "--modes",
+                  "d", "--no-plot", *TINY_ARGS])
     res = json.loads((out / "gpu_extraction-llama-tiny.json").read_text())
     assert res["modes"]["d"]["status"] == "failed" and "no HF today" in res["modes"]["d"]["error"]
     assert res["complete"] is True
+    assert rc == 1 and "mode d FAILED: RuntimeError: no HF today" in capsys.readouterr().err
 
     ge.main(["--model", "llama-tiny", "--checkpoint", tiny_ckpt, "--out", str(out), "--modes",
              "d", "--no-plot", "--time-budget-s", "5", *TINY_ARGS])

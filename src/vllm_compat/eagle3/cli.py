@@ -98,9 +98,17 @@ def _evaluate(a: argparse.Namespace) -> int:
         engine_kwargs=json.loads(a.engine_kwargs) if a.engine_kwargs else {}, budget_s=a.budget_s,
         baseline=not a.no_baseline,
     )
-    res = evaluate(cfg)
+    res = evaluate(cfg, raise_on_error=False)
     print(json.dumps(res["summary"]["eagle3_vs_ngram"], indent=1))
-    return 0 if all(c.get("status") != "error" for c in res["configs"]) else 1
+    for name in res["skipped"]:
+        print(f"evaluate: {name} skipped (time budget)", file=sys.stderr)
+    if not res["failed"]:
+        return 0
+    for f in res["failed"]:
+        print(f"evaluate: {f['name']} FAILED: {f['error']}", file=sys.stderr)
+    print(f"evaluate: {len(res['failed'])} of {len(res['configs'])} configurations failed "
+          f"({res['status']}); measured ones are in {a.output}", file=sys.stderr)
+    return 1
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

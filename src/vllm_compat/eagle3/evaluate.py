@@ -19,11 +19,20 @@ one ``generate`` each) and at batch ``len(prompts)`` (all in one ``generate``). 
 - whether the greedy outputs equal the baseline's (speculative decoding must not change
   greedy output; bf16 batch-shape differences can flip a near-tie).
 
-Every configuration runs in ``try``/``except``: a failure is recorded (message and the tail
-of the traceback) and the others continue. ``evaluate.json`` is rewritten after every
-configuration (a killed run still reports), ``evaluate.md`` holds the summary table, and
-``evaluate.png`` the plots when matplotlib is installed. Nothing here imports vLLM; the
-engine side is :mod:`vllm_compat.runtime.llm`.
+Every configuration runs in its own process (:func:`vllm_compat.isolation.run_isolated`),
+so no engine's teardown can affect the next one: an engine torn down in a process leaves
+CUDA-graph, compiler and allocator state there, and the next engine of that process failed on
+it (vLLM 0.26.0, one H200: the memory profiler's assertion, "CUDA graph capturing detected at
+an inappropriate time", a ``CUDACachingAllocator`` assertion). A failed configuration -- an
+exception, or its process killed by a signal -- is recorded (error type, message, the tail of
+the child's traceback) and the others continue. The result is marked: ``status`` is ``"ok"``
+(every configuration measured), ``"partial"`` (some failed or were skipped) or ``"failed"``
+(none measured), and ``failed`` names the failed ones with their errors; with
+``raise_on_error`` (the default) :func:`evaluate` then raises :class:`EvaluationError` once
+everything is written. ``evaluate.json`` is rewritten after every configuration (a killed run
+still reports), ``evaluate.md`` holds the summary table, and ``evaluate.png`` the plots when
+matplotlib is installed. Nothing here imports vLLM; the engine side is
+:mod:`vllm_compat.runtime.llm`, imported by :func:`run_cell` in the configuration's process.
 """
 
 from __future__ import annotations
@@ -32,10 +41,14 @@ import json
 import os
 import time
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..detect import installed_vllm_version
+from ..errors import VllmCompatError, VllmNotInstalledError
+from ..isolation import IsolatedCallError, run_isolated
 
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -44,6 +57,19 @@ SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 RESULT_JSON = "evaluate.json"
 RESULT_MD = "evaluate.md"
 RESULT_PNG = "evaluate.png"
+
+
+class EvaluationError(VllmCompatError, RuntimeError):
+    """Configurations whose measurement failed. ``failed``: ``[{"name", "error_type",
+    "error"}]``; ``result``: everything :func:`evaluate` measured (also in ``evaluate.json``)."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self.result = result
+        self.failed = list(result.get("failed") or [])
+        n = len(result.get("configs") or [])
+        names = "; ".join(f"{f['name']} ({f['error'][:300]})" for f in self.failed)
+        super().__init__(f"{len(self.failed)} of {n} evaluation configurations failed: {names}. "
+                         f"Measured ones are kept in {result.get('output_dir')}/{RESULT_JSON}")
 
 
 # --------------------------------------------------------------------------- counters
@@ -223,8 +249,39 @@ def _run(serve: Any, llm: Any, prompts: list[list[int]], max_tokens: int, batche
     return run, outs
 
 
-def evaluate(cfg: EvalConfig, *, serve: Any = None, log: Any = print) -> dict[str, Any]:
-    """Run every planned configuration; returns the result dict (also ``evaluate.json``)."""
+def run_cell(job: dict[str, Any]) -> dict[str, Any]:
+    """One configuration on its own engine: start it, warm it up, measure every run, shut it
+    down. :func:`evaluate` runs this in a process of its own. ``job``: ``target``,
+    ``speculative_config``, ``engine`` (``open_llm`` keywords), ``warmup`` (prompts),
+    ``warmup_tokens``, ``max_tokens``, ``runs`` (run name -> prompts; ``batch1`` one request at a time).
+    Returns ``engine_start_s``, ``engine`` (what vLLM built for speculation), ``runs`` (per
+    run: counts, wall time, tok/s, acceptance) and ``outputs`` (per run: the greedy outputs)."""
+    from ..runtime import llm as serve  # imports vLLM
+
+    t0 = time.perf_counter()
+    llm = serve.open_llm(job["target"], speculative_config=job["speculative_config"], **job["engine"])
+    try:
+        out: dict[str, Any] = {"engine_start_s": round(time.perf_counter() - t0, 2),
+                               "engine": serve.speculative_summary(llm), "runs": {}, "outputs": {}}
+        if job["warmup_tokens"] and job["warmup"]:
+            serve.generate(llm, job["warmup"], max_tokens=job["warmup_tokens"])
+        for run_name, ps in job["runs"].items():
+            run, outs = _run(serve, llm, ps, job["max_tokens"], batched=run_name != "batch1")
+            out["runs"][run_name] = run
+            out["outputs"][run_name] = outs
+        return out
+    finally:
+        serve.close_llm(llm)
+
+
+def evaluate(cfg: EvalConfig, *, log: Any = print, raise_on_error: bool = True,
+             cell_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run every planned configuration, each in its own process; returns the result dict (also
+    ``evaluate.json``). A failed configuration is recorded and the others run; then, with
+    ``raise_on_error``, :class:`EvaluationError` names the failed ones. ``cell_fn``: what
+    measures one configuration in its process (default :func:`run_cell`; any module-level
+    function with its signature)."""
+    cell_fn = cell_fn or run_cell
     t_start = time.perf_counter()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -232,19 +289,20 @@ def evaluate(cfg: EvalConfig, *, serve: Any = None, log: Any = print) -> dict[st
     n = max(cfg.batch_prompts, cfg.batch1_prompts)
     prompts, paths = build_prompts(Path(target) / "tokenizer.json", cfg.prompts_file, cfg.prompt_len, n)
     runs = {"batch1": prompts[: cfg.batch1_prompts], f"batch{cfg.batch_prompts}": prompts[: cfg.batch_prompts]}
-    if serve is None:
-        from ..runtime import llm as serve
     result: dict[str, Any] = {
-        "label": cfg.label, "config": asdict(cfg), "target": target,
-        "draft": str(Path(cfg.draft).resolve()) if cfg.draft else None, "vllm_version": serve.version(),
+        "label": cfg.label, "config": asdict(cfg), "target": target, "output_dir": str(out),
+        "draft": str(Path(cfg.draft).resolve()) if cfg.draft else None,
+        "vllm_version": _vllm_version(),
         "prompts": {"count": n, "prompt_len": cfg.prompt_len, "max_tokens": cfg.max_tokens,
                     "source_files": sorted(set(paths)), "runs": {k: len(v) for k, v in runs.items()}},
-        "configs": [],
+        "status": "running", "failed": [], "skipped": [], "configs": [],
     }
     baseline_outputs: dict[str, list[list[int]]] = {}
     longest = 0.0
     # no more requests than the batched run sends at once: fewer CUDA-graph sizes to capture
-    engine_kwargs = {"max_num_seqs": max(cfg.batch_prompts, cfg.batch1_prompts), **cfg.engine_kwargs}
+    engine = {"enforce_eager": cfg.enforce_eager, "gpu_memory_utilization": cfg.gpu_memory_utilization,
+              "max_model_len": cfg.max_model_len,
+              "max_num_seqs": max(cfg.batch_prompts, cfg.batch1_prompts), **cfg.engine_kwargs}
     for plan in planned_configs(cfg):
         entry: dict[str, Any] = {k: plan[k] for k in ("name", "method", "k", "speculative_config")}
         elapsed = time.perf_counter() - t_start
@@ -252,56 +310,81 @@ def evaluate(cfg: EvalConfig, *, serve: Any = None, log: Any = print) -> dict[st
             entry.update(status="skipped", reason=f"time budget: {elapsed:.0f} s used of {cfg.budget_s:.0f} s, "
                                                   f"a configuration took up to {longest:.0f} s")
             result["configs"].append(entry)
+            result["skipped"].append(plan["name"])
             log(f"[evaluate] {plan['name']}: skipped (time budget)")
             _write(result, out)
             continue
-        log(f"[evaluate] {plan['name']}: starting the engine")
-        llm = None
+        log(f"[evaluate] {plan['name']}: starting the engine in its own process")
         t0 = time.perf_counter()
+        job = {"target": target, "speculative_config": plan["speculative_config"], "engine": engine,
+               "warmup": prompts[:2], "warmup_tokens": cfg.warmup_tokens, "max_tokens": cfg.max_tokens,
+               "runs": runs}
         try:
-            llm = serve.open_llm(target, speculative_config=plan["speculative_config"],
-                                 enforce_eager=cfg.enforce_eager, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                 max_model_len=cfg.max_model_len, **engine_kwargs)
-            entry["engine_start_s"] = round(time.perf_counter() - t0, 2)
-            entry["engine"] = serve.speculative_summary(llm)
-            if cfg.warmup_tokens:
-                serve.generate(llm, prompts[:2], max_tokens=cfg.warmup_tokens)
-            entry["runs"] = {}
-            for run_name, ps in runs.items():
-                run, outs = _run(serve, llm, ps, cfg.max_tokens, batched=run_name != "batch1")
-                if plan["method"] is None:
-                    baseline_outputs[run_name] = outs
-                elif run_name in baseline_outputs:
-                    run["match_baseline"] = match_baseline(outs, baseline_outputs[run_name])
-                entry["runs"][run_name] = run
-                spec = run["spec"] or {}
-                log(f"[evaluate] {plan['name']} {run_name}: {run['output_tok_s'] or 0:.0f} tok/s, "
-                    f"acceptance length {spec.get('acceptance_length')}, "
-                    f"effective {spec.get('effective_acceptance_length')}")
+            cell = run_isolated(cell_fn, args=(job,), name=f"evaluate {plan['name']}")
+            _record_cell(entry, cell, plan, baseline_outputs, log)
             if plan["method"] is None:
                 result["samples"] = _samples(target, prompts[:2], baseline_outputs.get("batch1", [])[:2])
-            entry["status"] = "ok"
-        except Exception as exc:  # report and go on: one failing configuration must not hide the others
-            entry.update(status="error", error=f"{type(exc).__name__}: {exc}"[:2000],
-                         traceback=_tail(traceback.format_exc()))
-            log(f"[evaluate] {plan['name']}: FAILED {type(exc).__name__}: {str(exc)[:500]}")
-        finally:
-            try:
-                serve.close_llm(llm)
-            except Exception as exc:  # pragma: no cover - shutdown trouble is reported, not raised
-                entry["close_error"] = f"{type(exc).__name__}: {exc}"
-            llm = None
+        except Exception as exc:  # recorded; one failing configuration must not hide the others
+            _record_error(entry, exc)
+            result["failed"].append({"name": plan["name"], "error_type": entry["error_type"],
+                                     "error": entry["error"]})
+            log(f"[evaluate] {plan['name']}: FAILED {entry['error'][:500]}")
         entry["wall_s"] = round(time.perf_counter() - t0, 2)
         longest = max(longest, entry["wall_s"])
         result["configs"].append(entry)
         result["summary"] = summarize(result)
         _write(result, out)
     result["wall_s"] = round(time.perf_counter() - t_start, 2)
+    result["status"] = run_status(result)
     result["summary"] = summarize(result)
     _write(result, out)
     result["plot"] = str(plot(result, out / RESULT_PNG) or "") or None
     _write(result, out)
+    if raise_on_error and result["failed"]:
+        raise EvaluationError(result)
     return result
+
+
+def _vllm_version() -> str | None:
+    try:
+        return installed_vllm_version()
+    except VllmNotInstalledError:
+        return None
+
+
+def run_status(result: dict[str, Any]) -> str:
+    """``ok``: every configuration measured; ``failed``: none; ``partial``: some failed or were
+    skipped (their rows say which and why)."""
+    configs = result.get("configs") or []
+    ok = sum(c.get("status") == "ok" for c in configs)
+    if configs and ok == len(configs):
+        return "ok"
+    return "partial" if ok else "failed"
+
+
+def _record_cell(entry: dict[str, Any], cell: dict[str, Any], plan: dict[str, Any],
+                 baseline_outputs: dict[str, list[list[int]]], log: Any) -> None:
+    outputs = cell.get("outputs") or {}
+    entry.update(engine_start_s=cell.get("engine_start_s"), engine=cell.get("engine"), runs=cell["runs"])
+    for run_name, run in entry["runs"].items():
+        outs = outputs.get(run_name, [])
+        if plan["method"] is None:
+            baseline_outputs[run_name] = outs
+        elif run_name in baseline_outputs:
+            run["match_baseline"] = match_baseline(outs, baseline_outputs[run_name])
+        spec = run.get("spec") or {}
+        log(f"[evaluate] {plan['name']} {run_name}: {run.get('output_tok_s') or 0:.0f} tok/s, "
+            f"acceptance length {spec.get('acceptance_length')}, "
+            f"effective {spec.get('effective_acceptance_length')}")
+    entry["status"] = "ok"
+
+
+def _record_error(entry: dict[str, Any], exc: Exception) -> None:
+    if isinstance(exc, IsolatedCallError):  # raised in the configuration's process, or it died
+        kind, message, tb = exc.exc_type, exc.message, exc.traceback or ""
+    else:
+        kind, message, tb = type(exc).__name__, str(exc), traceback.format_exc()
+    entry.update(status="error", error_type=kind, error=f"{kind}: {message}"[:2000], traceback=_tail(tb))
 
 
 def _samples(target: str, prompts: list[list[int]], outputs: list[list[int]]) -> list[dict[str, str]]:
@@ -387,7 +470,14 @@ def markdown_table(result: dict[str, Any]) -> str:
             f"{result['prompts']['max_tokens']} new tokens each (greedy, ignore_eos)")
     columns = ("| config | run | tok/s | speedup | acceptance length | effective AL | per-position acceptance | "
                "draft coverage | = baseline |")
-    lines = [head, "", columns, "|---|---|---|---|---|---|---|---|---|"]
+    lines = [head, ""]
+    status = result.get("status")
+    if status not in (None, "ok", "running"):
+        failed = ", ".join(f"{f['name']} ({f['error_type']})" for f in result.get("failed") or [])
+        skipped = ", ".join(result.get("skipped") or [])
+        lines += [f"**{status}**: " + "; ".join(x for x in (f"failed: {failed}" if failed else "",
+                                                             f"skipped: {skipped}" if skipped else "") if x), ""]
+    lines += [columns, "|---|---|---|---|---|---|---|---|---|"]
     for r in s["rows"]:
         if r.get("status") != "ok":
             lines.append(f"| {r['config']} | – | {r['status']}: {_fmt(r.get('error'))[:120]} | | | | | | |")

@@ -41,6 +41,11 @@ class HiddenStatesExtractor:
     0.11.2+, off otherwise; ``VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=0/1`` decides): keep two
     engine steps in flight (:class:`vllm_compat.StepPipeline`), step N+1 scheduled and
     launched before step N's output is waited for, so the GPU never idles between forwards.
+
+    The engine runs in this process. ``close()`` (or leaving the ``with`` block) gives its GPU
+    memory and the environment variables it set back, so extractors can be opened and closed
+    again and again in one process, one at a time. Several engines in a row in one job are
+    better run one per process (:func:`vllm_compat.isolation.run_isolated`).
     """
 
     def __init__(self, model_path: str | TargetInfo, *, layer_ids: Sequence[int] | None = None,

@@ -75,6 +75,13 @@ def _tap_final_state(runner: Any) -> None:
                                final_state_tap.install(norm, rows, w.shape[0], w.dtype, w.device))
 
 
+def release_tap(worker: Any) -> None:
+    """Give the final-state buffer back (the engine is closing)."""
+    tap = worker.model_runner.__dict__.pop("_vllm_compat_tap", None)
+    if tap is not None:
+        final_state_tap.release(tap[1])
+
+
 def _wrap_load_model(orig: Any) -> Any:
     @functools.wraps(orig)
     def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:

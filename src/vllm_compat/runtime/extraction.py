@@ -30,7 +30,7 @@ from ..step import StepPipeline
 from ..target import TargetInfo
 from . import capture_worker
 from .capture_plan import VLLM_VERSION, plan
-from .llm import free_gpu_memory, shutdown_engine
+from .llm import free_gpu_memory, release_llm
 
 
 def _engine_args_fields() -> set[str]:
@@ -77,6 +77,56 @@ def _multimodal_wrapper_args(target: TargetInfo, fields: set[str],
     return out
 
 
+# Run-time variables held by open engines: name -> [the value before the first hold, holders].
+# One engine's close must not take a variable from another engine still running.
+_run_env_holds: dict[str, list[Any]] = {}
+
+
+def _hold_run_env(values: Mapping[str, str]) -> None:
+    for k, v in values.items():
+        held = _run_env_holds.setdefault(k, [os.environ.get(k), 0])
+        held[1] += 1
+        os.environ[k] = v
+
+
+def _release_run_env(names: Iterable[str]) -> None:
+    """Drop one hold on each variable; the last one puts back the value from before the first."""
+    for k in names:
+        held = _run_env_holds.get(k)
+        if held is None:
+            continue
+        held[1] -= 1
+        if held[1] <= 0:
+            del _run_env_holds[k]
+            _restore_env({k: held[0]})
+
+
+def engine_env(*, compiled: bool, aux_ids_for_workers: Sequence[int] = (),
+               tap_for_workers: bool = False) -> tuple[dict[str, str], dict[str, str]]:
+    """The variables an extraction engine needs: ``(build, run)``. ``build`` is set only while
+    the ``LLM`` is built; ``run`` stays set until the engine is closed. Nothing stays set
+    after that: every later engine of the process sees the caller's environment."""
+    # vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING only while an engine is built (LLMEngine,
+    # EngineArgs, 0.10.2-0.33). Left set, it put every later LLM of the process in-process,
+    # where engines built after a torn-down one failed (vLLM 0.26.0, H200).
+    build = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    run: dict[str, str] = {}
+    if compiled:
+        # The aux layers live on the model object, not in the config hash: a compile
+        # cache from a run with other layers would be reused silently. Recompile.
+        run["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+        # 0.26 (torch >= 2.10): VLLM_USE_AOT_COMPILE defaults to on unless the compile
+        # cache is disabled, and the compiled forward asserts it is off at *run* time
+        # (seen on the H200: AssertionError in compilation/decorators.py). Both must
+        # stay set while this engine runs, not only while it is built.
+        run["VLLM_USE_AOT_COMPILE"] = "0"
+    if aux_ids_for_workers:  # read by the spawned workers, at start
+        build[capture_worker.ENV_AUX] = ",".join(map(str, aux_ids_for_workers))
+    if tap_for_workers:
+        build[capture_worker.ENV_TAP] = "1"
+    return build, run
+
+
 def _refuse_unsupported(kw: Mapping[str, Any]) -> None:
     if kw.get("enable_prefix_caching"):
         raise ValueError("enable_prefix_caching=True: cached prompt tokens are not recomputed, "
@@ -110,6 +160,7 @@ class ExtractionEngine:
         self.layer_ids = tuple(layer_ids)
         self.tensor_parallel_size = tensor_parallel_size
         self._tmpdir: str | None = None
+        self._run_env: tuple[str, ...] = ()  # run-time variables this engine holds
         # Pipelined steps (StepPipeline, depth 2) schedule step N+1 before step N's output is
         # in, as vLLM's async scheduling does: the engine is built for it (AsyncScheduler's
         # output placeholders; the V1 runner then hands its sampled tokens back without a
@@ -120,9 +171,13 @@ class ExtractionEngine:
                                  max_model_len=max_model_len,
                                  max_num_batched_tokens=max_num_batched_tokens)
         self.llm = self._build_llm(args)
-        self._attach_engine_core()
-        self.info["async_scheduling"] = bool(args.get("async_scheduling", False))
-        self._init_step_loop(overlap_copy, launch_ahead)
+        try:
+            self._attach_engine_core()
+            self.info["async_scheduling"] = bool(args.get("async_scheduling", False))
+            self._init_step_loop(overlap_copy, launch_ahead)
+        except BaseException:
+            self.close()  # a half-built engine still holds the GPU and the environment
+            raise
 
     def _engine_args(self, model_path: str, kw: dict[str, Any], *,
                      gpu_memory_utilization: float, max_model_len: int | None,
@@ -173,34 +228,28 @@ class ExtractionEngine:
                 and (bool(self.plan.native_ids) or self.plan.tap_final))
 
     def _build_llm(self, args: dict[str, Any]) -> LLM:
-        """Build the ``LLM`` with the environment it needs, aux capture configured at load."""
-        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-        keep = {"VLLM_ENABLE_V1_MULTIPROCESSING"}
-        if not args["enforce_eager"]:
-            # The aux layers live on the model object, not in the config hash: a compile
-            # cache from a run with other layers would be reused silently. Recompile.
-            env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-            # 0.26 (torch >= 2.10): VLLM_USE_AOT_COMPILE defaults to on unless the compile
-            # cache is disabled, and the compiled forward asserts it is off at *run* time
-            # (seen on the H200: AssertionError in compilation/decorators.py). Both must
-            # stay set while this engine runs, not only while it is built.
-            env["VLLM_USE_AOT_COMPILE"] = "0"
-            keep |= {"VLLM_DISABLE_COMPILE_CACHE", "VLLM_USE_AOT_COMPILE"}
-        if self._aux_in_worker_processes:
-            if self.plan.native_ids:
-                env[capture_worker.ENV_AUX] = ",".join(map(str, self.plan.native_ids))
-            if self.plan.tap_final:
-                env[capture_worker.ENV_TAP] = "1"
-        old = _set_env(**env)
+        """Build the ``LLM`` with the environment it needs (:func:`engine_env`), aux capture
+        configured at load. The run-time variables are put back by :meth:`close`."""
+        build, run = engine_env(
+            compiled=not args["enforce_eager"],
+            aux_ids_for_workers=self.plan.native_ids if self._aux_in_worker_processes else (),
+            tap_for_workers=self._aux_in_worker_processes and self.plan.tap_final)
+        old_build = _set_env(**build)
+        _hold_run_env(run)
         _reset_envs_cache()
         try:
             with capture_worker.aux_configured(
                     self.plan.native_ids if self.plan.mode == "aux" else None,
                     tap_final=self.plan.tap_final):
-                return LLM(**args)
+                llm = LLM(**args)
+        except BaseException:
+            _release_run_env(run)
+            raise
         finally:
-            _restore_env({k: v for k, v in old.items() if k not in keep})
+            _restore_env(old_build)
             _reset_envs_cache()
+        self._run_env = tuple(run)
+        return llm
 
     def _attach_engine_core(self) -> None:
         """Find the in-process engine core and executor; install hooks; describe the worker."""
@@ -253,6 +302,8 @@ class ExtractionEngine:
     @property
     def _steps(self) -> StepPipeline:
         if self._pipe is None:
+            if self.llm is None:
+                raise RuntimeError("the extraction engine is closed")
             raise RuntimeError("backend='native' runs through LLM.generate: it has no step loop")
         return self._pipe
 
@@ -446,13 +497,31 @@ class ExtractionEngine:
         return res
 
     def close(self) -> None:
+        """Shut the engine down and give back its GPU memory and environment: every reference
+        to the engine is dropped here (the model is freed with the last one), the compiled
+        modules' dynamo hooks and vLLM's CUDA-graph pool handle are released
+        (:func:`~.llm.release_llm`), and the variables of :func:`engine_env` are restored.
+        Another engine can then be built in this process."""
         llm = getattr(self, "llm", None)
         if llm is None:
             return
-        shutdown_engine(llm)
-        self.llm = None  # type: ignore[assignment]
-        self.core = self.executor = None
-        del llm  # the in-process engine's model is freed only with the last reference
-        free_gpu_memory()
-        if self._tmpdir:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
+        if self.plan.tap_final and self.executor is not None:
+            with contextlib.suppress(Exception):  # the buffer is the tap's, the model's is freed below
+                collective_rpc(self.executor, capture_worker.release_tap)
+        try:
+            release_llm(llm)
+        finally:
+            self.llm = None  # type: ignore[assignment]
+            self.core = self.executor = None
+            self._pipe = None  # holds the scheduler and the executor (its worker and model)
+            for held in (getattr(self, "_tickets", None), getattr(self, "_pending", None)):
+                if held is not None:
+                    held.clear()
+            self._block_hasher = None
+            del llm  # the in-process engine's model is freed only with the last reference
+            free_gpu_memory()
+            _release_run_env(self._run_env)
+            self._run_env = ()
+            _reset_envs_cache()
+            if self._tmpdir:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -96,6 +97,63 @@ def speculative_summary(llm: LLM) -> dict[str, Any] | None:
     return out
 
 
+def engine_in_process(llm: LLM) -> bool:
+    """Whether the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+    the extractor's engine) rather than in a process of its own (vLLM's default for ``LLM``)."""
+    return getattr(llm.llm_engine.engine_core, "engine_core", None) is not None
+
+
+def in_process_model(llm: LLM) -> Any | None:
+    """The rank-0 model of an in-process engine core (None when the core runs elsewhere)."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    worker = getattr(getattr(core, "model_executor", None), "driver_worker", None)
+    runner = getattr(worker, "model_runner", None)
+    if runner is None:
+        return None
+    get = getattr(runner, "get_model", None)  # unwraps a CUDA-graph wrapper
+    with contextlib.suppress(Exception):
+        return get() if callable(get) else runner.model
+    return getattr(runner, "model", None)
+
+
+def unpin_compiled_model(model: Any) -> int:
+    """Remove the dynamo bytecode hooks that vLLM's compiled modules registered: each holds
+    its module, so the model (weights, CUDA graphs) outlives its engine in this process.
+    Returns how many were removed."""
+    modules = list(model.modules()) if callable(getattr(model, "modules", None)) else []
+    removed = 0
+    for m in modules:
+        # 0.25.1+: TorchCompileWithNoGuardsWrapper keeps the hook's handle (its cleanup())
+        handle = vars(m).get("_bytecode_hook_handle")
+        if handle is not None:
+            handle.remove()
+            m._bytecode_hook_handle = None
+            removed += 1
+    # before 0.25.1 the wrapper dropped the handle: find its hooks in dynamo's registry
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    hooks = getattr(convert_frame, "_bytecode_hooks", None)
+    if isinstance(hooks, dict) and modules:
+        ids = {id(m) for m in modules}
+        for key, hook in list(hooks.items()):
+            if id(getattr(hook, "__self__", None)) in ids:
+                del hooks[key]
+                removed += 1
+    return removed
+
+
+def reset_cuda_graph_pool() -> None:
+    """Forget vLLM's process-wide CUDA-graph pool handle (``Platform._global_graph_pool``,
+    0.10.2-0.33: created once, kept on the platform class). Once the graphs of an engine that
+    captured into it are gone, PyTorch releases the pool; the next engine of the process would
+    capture into the released pool and fail in the caching allocator (``use_count > 0
+    INTERNAL ASSERT FAILED``). After this, the next engine gets a pool of its own."""
+    from vllm.platforms import current_platform
+
+    for klass in type(current_platform).__mro__:
+        if "_global_graph_pool" in vars(klass):
+            klass._global_graph_pool = None
+
+
 def shutdown_engine(llm: LLM) -> None:
     """Stop the engine core (its process, or the in-process executor's workers)."""
     with contextlib.suppress(Exception):
@@ -103,20 +161,42 @@ def shutdown_engine(llm: LLM) -> None:
 
 
 def free_gpu_memory() -> None:
-    """Once the caller holds no reference to the ``LLM``: what vLLM's own tests run between LLMs."""
+    """Once the caller holds no reference to the ``LLM``: what vLLM's own tests run between
+    LLMs. ``cleanup_dist_env_and_memory`` undoes the ``gc.freeze()`` of an in-process engine
+    core (0.16+) before it collects, so the frozen engine objects are freed too."""
     gc.collect()
     with contextlib.suppress(Exception):
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
         cleanup_dist_env_and_memory()
+    gc.collect()
     with contextlib.suppress(Exception):
-        torch.cuda.empty_cache()
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+
+def release_llm(llm: LLM) -> None:
+    """Shut ``llm`` down and detach what keeps an in-process engine's GPU memory alive beyond
+    the caller's last reference (compiled-module hooks, the CUDA-graph pool handle). The
+    memory itself is freed by :func:`free_gpu_memory` once that reference is dropped."""
+    model = in_process_model(llm)
+    shutdown_engine(llm)
+    if model is not None:
+        unpin_compiled_model(model)
+        del model
+        reset_cuda_graph_pool()
 
 
 def close_llm(llm: LLM | None) -> None:
-    """Shut the engine down and give its GPU memory back."""
+    """Shut the engine down and give its GPU memory back. An engine core in its own process
+    (vLLM's default) gives it back when that process exits; an in-process one once the
+    caller's last reference to ``llm`` is gone (call :func:`free_gpu_memory` after dropping
+    it). One engine per process is the safe use: tear-down leaves compile and allocator state
+    behind, so several engines in a row belong in processes of their own
+    (:func:`vllm_compat.isolation.run_isolated`)."""
     if llm is None:
         return
-    shutdown_engine(llm)
+    release_llm(llm)
     del llm
     free_gpu_memory()

@@ -1,0 +1,205 @@
+"""Engines opened and closed many times in one job (needs a GPU).
+
+* A ``HiddenStatesExtractor`` opened, used and closed ``CYCLES`` times in one process gives
+  its GPU memory back every time: the free memory after each close
+  (``torch.cuda.mem_get_info``) is within ``MARGIN`` of the free memory after the first close,
+  with every closed extractor still referenced, and every cycle returns the first cycle's
+  states; nothing the extractor set in the environment is left after its close. Eager, and compiled (torch.compile +
+  CUDA graphs, where vLLM's process-wide graph pool and dynamo's hooks are what is tested).
+* The same with an evaluation engine (``vllm_compat.runtime.llm``) opened, used and closed
+  between the extractor's cycles: it runs its engine core in a process of its own (an
+  extractor left nothing set that would pull it into this process), its greedy outputs are
+  the same each time, and the memory comes back after each close.
+* ``vllm-compat eagle3 evaluate`` with one configuration made to fail (a draft directory that
+  does not exist): the command exits 1 and names it on stderr, the other configurations are
+  measured and kept in ``evaluate.json``.
+
+Each engine gets a fixed KV cache of ``KV_BYTES`` (1 GiB, or
+``VLLM_COMPAT_GPU_TEST_KV_BYTES``): an engine whose memory stayed behind would hold more than
+``MARGIN``, and a fixed cache skips vLLM's memory profiling, which other jobs on the GPU
+would disturb.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_compat.extract import HiddenStatesExtractor
+
+from . import _models as M
+
+pytestmark = pytest.mark.gpu
+
+CYCLES = 5
+MIB = 1 << 20
+# What may differ between two closed states of the process: allocator rounding, kernels
+# and libraries loaded on first use by a later cycle. A kept engine holds its KV cache alone
+# (KV_BYTES, 1 GiB) on top of its weights and activations.
+MARGIN = 256 * MIB
+KV_BYTES = int(os.environ.get("VLLM_COMPAT_GPU_TEST_KV_BYTES") or (1 << 30))
+IDS = (1, 2, 4)  # aux ids of the 4-layer Llama and its final state
+TOL_SAME = 0.02  # two vLLM runs on the same weights and batch (M.compare "rel")
+ENGINE_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DISABLE_COMPILE_CACHE", "VLLM_USE_AOT_COMPILE")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return M.build("llama", str(tmp_path_factory.mktemp("llama")))
+
+
+def free_bytes() -> int:
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+
+def settled_free(at_least: int, timeout: float = 15.0) -> int:
+    """Free memory once it reaches ``at_least`` (a closed engine-core process may take a moment
+    to exit), or the most seen within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    best = free_bytes()
+    while best < at_least and time.monotonic() < deadline:
+        time.sleep(0.2)
+        best = max(best, free_bytes())
+    return best
+
+
+def engine_env() -> dict[str, str | None]:
+    return {k: os.environ.get(k) for k in ENGINE_ENV}
+
+
+def extract(path: str, *, compiled: bool = False) -> tuple[list, int, HiddenStatesExtractor]:
+    """One extractor cycle: its samples, the free memory while it was open, and the closed
+    extractor (kept by the caller, as a notebook keeps its variables: close() alone must give
+    the memory back, not the object's deletion)."""
+    kw = {"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8]}} if compiled else {}
+    with HiddenStatesExtractor(path, layer_ids=IDS, max_model_len=M.MAX_LEN, gpu_memory_utilization=0.05,
+                               enforce_eager=not compiled, dtype="bfloat16", kv_cache_memory_bytes=KV_BYTES,
+                               **kw) as ex:
+        samples = list(ex.extract(M.prompts()))
+        free_open = free_bytes()
+    return samples, free_open, ex
+
+
+def same_states(got: list, ref: list) -> float:
+    assert [s.index for s in got] == list(range(len(ref)))
+    assert all(g.token_ids.tolist() == r.token_ids.tolist() for g, r in zip(got, ref))
+    worst = max(M.compare(g.hidden_states, r.hidden_states)["rel"] for g, r in zip(got, ref))
+    assert worst < TOL_SAME, worst
+    return worst
+
+
+def assert_memory_back(after: list[int], label: str) -> None:
+    lost = [round((after[0] - a) / MIB, 1) for a in after]
+    assert max(lost) <= MARGIN / MIB, (
+        f"{label}: free memory after each close fell by {lost} MiB from the first close's "
+        f"(allowed {MARGIN // MIB} MiB)")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_extractor_reopened_five_times_gives_its_memory_back(llama, compiled):
+    env = engine_env()
+    start = free_bytes()
+    ref, after, during, worst, closed = None, [], [], 0.0, []
+    for cycle in range(CYCLES):
+        samples, free_open, ex = extract(llama, compiled=compiled)
+        closed.append(ex)
+        during.append(free_open)
+        after.append(free_bytes())
+        assert engine_env() == env, f"cycle {cycle}: the closed extractor left variables set"
+        if ref is None:
+            ref = samples
+        else:
+            worst = max(worst, same_states(samples, ref))
+    M.record(f"lifecycle:extractor:{'compiled' if compiled else 'eager'}", cycles=CYCLES,
+             free_start_mib=start // MIB, free_open_mib=[d // MIB for d in during],
+             free_after_close_mib=[a // MIB for a in after], margin_mib=MARGIN // MIB,
+             worst_rel_vs_first=worst)
+    # each close gave the engine's memory back (its KV cache alone is more than the margin)...
+    assert all(a - d > KV_BYTES // 2 for a, d in zip(after, during)), (during, after)
+    # ...and the closed extractors, all still referenced, hold none of it
+    assert_memory_back(after, "extractor")
+
+
+def test_extractor_and_evaluation_engines_alternate(llama):
+    from vllm_compat.runtime import llm as serve
+
+    prompts = [p for p in M.prompts() if len(p) > 1][:8]
+    env = engine_env()
+    ref_states = ref_outs = None
+    after: list[int] = []
+    in_process: list[bool] = []
+    closed = []
+    for cycle in range(CYCLES):
+        states, _, ex = extract(llama)
+        closed.append(ex)
+        after.append(free_bytes())
+        assert engine_env() == env, f"cycle {cycle}: the closed extractor left variables set"
+        llm = serve.open_llm(llama, enforce_eager=True, gpu_memory_utilization=0.05, max_model_len=M.MAX_LEN,
+                             skip_tokenizer_init=True, max_num_seqs=8, kv_cache_memory_bytes=KV_BYTES,
+                             log_stats=False)
+        try:
+            in_process.append(serve.engine_in_process(llm))
+            outs = serve.generate(llm, prompts, max_tokens=16)
+        finally:
+            serve.close_llm(llm)
+            del llm
+        after.append(settled_free(after[0] - MARGIN))
+        if ref_states is None:
+            ref_states, ref_outs = states, outs
+        else:
+            same_states(states, ref_states)
+            assert outs == ref_outs, f"cycle {cycle}: greedy outputs changed"
+        assert all(len(o) == 16 for o in outs)
+    M.record("lifecycle:extractor+evaluation", cycles=CYCLES, free_after_close_mib=[a // MIB for a in after],
+             margin_mib=MARGIN // MIB, evaluation_engine_in_process=in_process)
+    assert in_process == [False] * CYCLES, "an evaluation engine ran its core in this process"
+    assert_memory_back(after, "extractor + evaluation engine")
+
+
+def test_evaluate_with_a_failing_configuration_fails_and_keeps_the_others(llama, tmp_path, capsys):
+    import shutil
+
+    from examples.eagle3_e2e.tokenizer_train import train_bpe
+    from vllm_compat.eagle3 import cli
+
+    target = str(tmp_path / "target")
+    shutil.copytree(llama, target)
+    text = Path(json.__file__).read_text() + Path(os.__file__).read_text()
+    train_bpe(texts=[text], vocab_size=512).save(str(Path(target) / "tokenizer.json"))
+    chunks = tmp_path / "eval.jsonl"
+    chunks.write_text("".join(json.dumps({"path": f"c{i}", "prompt": text[i * 3000:(i + 1) * 3000],
+                                          "completion": ""}) + "\n" for i in range(8)))
+    out = tmp_path / "eval"
+    missing = tmp_path / "no-such-draft"
+    rc = cli.main(["eagle3", "evaluate", target, "--draft", str(missing), "--prompts", str(chunks),
+                   "-o", str(out), "--k", "2", "--ngram-k", "2", "--prompt-len", "32", "--max-tokens", "32",
+                   "--batch-prompts", "4", "--batch1-prompts", "2", "--enforce-eager",
+                   "--gpu-memory-utilization", "0.05", "--max-model-len", str(M.MAX_LEN),
+                   "--engine-kwargs", json.dumps({"skip_tokenizer_init": True,
+                                                  "kv_cache_memory_bytes": KV_BYTES})])
+    err = capsys.readouterr().err
+    res = json.loads((out / "evaluate.json").read_text())
+    M.record("lifecycle:evaluate_failing_cell", rc=rc, status=res["status"], failed=res["failed"],
+             configs=[{k: c.get(k) for k in ("name", "status", "engine_start_s", "wall_s")}
+                      for c in res["configs"]])
+    assert rc == 1
+    assert "evaluate: eagle3-k2 FAILED: " in err
+    assert res["status"] == "partial" and [f["name"] for f in res["failed"]] == ["eagle3-k2"]
+    statuses = {c["name"]: c["status"] for c in res["configs"]}
+    assert statuses == {"baseline": "ok", "eagle3-k2": "error", "ngram-k2": "ok"}
+    bad = next(c for c in res["configs"] if c["name"] == "eagle3-k2")
+    assert bad["traceback"] and bad["error"].startswith(bad["error_type"])
+    for name in ("baseline", "ngram-k2"):
+        c = next(c for c in res["configs"] if c["name"] == name)
+        assert c["runs"]["batch4"]["generated_tokens"] == 4 * 32
+        assert c["runs"]["batch1"]["generated_tokens"] == 2 * 32
+        assert c["runs"]["batch4"]["output_tok_s"] > 0
+    ngram = next(c for c in res["configs"] if c["name"] == "ngram-k2")
+    assert "match_baseline" in ngram["runs"]["batch4"]
+    assert ngram["engine"]["method"] == "ngram" and ngram["engine"]["num_speculative_tokens"] == 2
