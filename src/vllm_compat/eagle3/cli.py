@@ -96,7 +96,7 @@ def _evaluate(a: argparse.Namespace) -> int:
         batch1_prompts=a.batch1_prompts, enforce_eager=a.enforce_eager,
         gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
         engine_kwargs=json.loads(a.engine_kwargs) if a.engine_kwargs else {}, budget_s=a.budget_s,
-        baseline=not a.no_baseline,
+        baseline=not a.no_baseline, trust_remote_code=a.trust_remote_code,
     )
     res = evaluate(cfg, raise_on_error=False)
     print(json.dumps(res["summary"]["eagle3_vs_ngram"], indent=1))
@@ -186,7 +186,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.set_defaults(func=_validate)
 
     s = steps.add_parser("evaluate", help="serve target + draft with vLLM spec decoding: acceptance, tok/s vs n-gram")
-    s.add_argument("target", help="target model directory (with tokenizer.json)")
+    s.add_argument("target", help="target model directory (with its tokenizer)")
     s.add_argument("--draft", help="exported EAGLE-3 draft directory (omit: baseline and n-gram only)")
     s.add_argument("--prompts", required=True, help="held-out chunks JSONL ({prompt, completion}), e.g. corpus eval.jsonl")
     s.add_argument("--output", "-o", required=True)
@@ -204,6 +204,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--engine-kwargs", help="JSON: more vllm.LLM keywords")
     s.add_argument("--budget-s", type=float, help="skip configurations that would not finish within this many seconds")
     s.add_argument("--no-baseline", action="store_true")
+    s.add_argument("--trust-remote-code", action="store_true",
+                   help="run the tokenizer / processor code the target ships (Kimi-K2.5), here and in vLLM")
     s.set_defaults(func=_evaluate)
 
     for name, sp in steps.choices.items():

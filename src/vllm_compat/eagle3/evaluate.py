@@ -160,18 +160,40 @@ def match_baseline(outputs: Sequence[Sequence[int]], baseline: Sequence[Sequence
 # --------------------------------------------------------------------------- prompts
 
 
-def build_prompts(tokenizer_json: str | os.PathLike[str], chunks_jsonl: str | os.PathLike[str],
-                  prompt_len: int, n: int) -> tuple[list[list[int]], list[str]]:
+def _encoder(tokenizer: str | os.PathLike[str], trust_remote_code: bool
+             ) -> tuple[Any, Any]:
+    """``(encode texts -> ids with the tokenizer's special tokens, decode ids -> text)`` for a
+    ``tokenizer.json`` file, or a checkpoint directory (with ``tokenizer.json``, or a tokenizer
+    shipped as code: run only with ``trust_remote_code``)."""
+    p = Path(tokenizer)
+    if p.is_dir() and (p / "tokenizer.json").is_file():
+        p = p / "tokenizer.json"
+    if p.is_file():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(p))
+        return (lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=True)],
+                tok.decode)
+    from ..tokenizer import load_tokenizer
+
+    hf = load_tokenizer(p, trust_remote_code=trust_remote_code)
+    bos = [hf.bos_token_id] if hf.bos_token_id is not None else []
+    # Kimi's tokenizer adds no BOS itself; the targets are trained on <bos> doc <eos>
+    return (lambda texts: [bos + hf.encode(t, add_special_tokens=False) for t in texts],
+            hf.decode)
+
+
+def build_prompts(tokenizer: str | os.PathLike[str], chunks_jsonl: str | os.PathLike[str],
+                  prompt_len: int, n: int, *, trust_remote_code: bool = False
+                  ) -> tuple[list[list[int]], list[str]]:
     """``n`` prompts: the first ``prompt_len`` token ids (``<|bos|>`` included, as the tokenizer's
     post-processor adds it) of held-out chunks with at least that many tokens, taken at evenly
     spaced indices of the (file-ordered) chunk list so they span many files. Returns
-    ``(prompts, source paths)``."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_json))
+    ``(prompts, source paths)``. ``tokenizer``: a ``tokenizer.json`` or a checkpoint directory."""
+    encode, _ = _encoder(tokenizer, trust_remote_code)
     rows = [json.loads(line) for line in Path(chunks_jsonl).read_text().splitlines() if line.strip()]
-    encs = tok.encode_batch([r["prompt"] + r["completion"] for r in rows], add_special_tokens=True)
-    ok = [(r.get("path", ""), e.ids[:prompt_len]) for r, e in zip(rows, encs) if len(e.ids) >= prompt_len]
+    encs = encode([r["prompt"] + r["completion"] for r in rows])
+    ok = [(r.get("path", ""), e[:prompt_len]) for r, e in zip(rows, encs) if len(e) >= prompt_len]
     if len(ok) < n:
         raise ValueError(f"{chunks_jsonl}: {len(ok)} chunks with >= {prompt_len} tokens, {n} prompts wanted")
     idx = [round(i * (len(ok) - 1) / max(n - 1, 1)) for i in range(n)] if n > 1 else [0]
@@ -203,6 +225,8 @@ class EvalConfig:
     baseline: bool = True
     warmup_tokens: int = 16
     label: str = ""
+    # the target's tokenizer / processor shipped as code (Kimi-K2.5): run it (also in vLLM)
+    trust_remote_code: bool = False
 
 
 def planned_configs(cfg: EvalConfig) -> list[dict[str, Any]]:
@@ -287,7 +311,8 @@ def evaluate(cfg: EvalConfig, *, log: Any = print, raise_on_error: bool = True,
     out.mkdir(parents=True, exist_ok=True)
     target = str(Path(cfg.target).resolve())
     n = max(cfg.batch_prompts, cfg.batch1_prompts)
-    prompts, paths = build_prompts(Path(target) / "tokenizer.json", cfg.prompts_file, cfg.prompt_len, n)
+    prompts, paths = build_prompts(target, cfg.prompts_file, cfg.prompt_len, n,
+                                   trust_remote_code=cfg.trust_remote_code)
     runs = {"batch1": prompts[: cfg.batch1_prompts], f"batch{cfg.batch_prompts}": prompts[: cfg.batch_prompts]}
     result: dict[str, Any] = {
         "label": cfg.label, "config": asdict(cfg), "target": target, "output_dir": str(out),
@@ -303,6 +328,8 @@ def evaluate(cfg: EvalConfig, *, log: Any = print, raise_on_error: bool = True,
     engine = {"enforce_eager": cfg.enforce_eager, "gpu_memory_utilization": cfg.gpu_memory_utilization,
               "max_model_len": cfg.max_model_len,
               "max_num_seqs": max(cfg.batch_prompts, cfg.batch1_prompts), **cfg.engine_kwargs}
+    if cfg.trust_remote_code:
+        engine["trust_remote_code"] = True
     for plan in planned_configs(cfg):
         entry: dict[str, Any] = {k: plan[k] for k in ("name", "method", "k", "speculative_config")}
         elapsed = time.perf_counter() - t_start
@@ -323,7 +350,8 @@ def evaluate(cfg: EvalConfig, *, log: Any = print, raise_on_error: bool = True,
             cell = run_isolated(cell_fn, args=(job,), name=f"evaluate {plan['name']}")
             _record_cell(entry, cell, plan, baseline_outputs, log)
             if plan["method"] is None:
-                result["samples"] = _samples(target, prompts[:2], baseline_outputs.get("batch1", [])[:2])
+                result["samples"] = _samples(target, prompts[:2], baseline_outputs.get("batch1", [])[:2],
+                                             cfg.trust_remote_code)
         except Exception as exc:  # recorded; one failing configuration must not hide the others
             _record_error(entry, exc)
             result["failed"].append({"name": plan["name"], "error_type": entry["error_type"],
@@ -387,12 +415,11 @@ def _record_error(entry: dict[str, Any], exc: Exception) -> None:
     entry.update(status="error", error_type=kind, error=f"{kind}: {message}"[:2000], traceback=_tail(tb))
 
 
-def _samples(target: str, prompts: list[list[int]], outputs: list[list[int]]) -> list[dict[str, str]]:
+def _samples(target: str, prompts: list[list[int]], outputs: list[list[int]],
+             trust_remote_code: bool = False) -> list[dict[str, str]]:
     try:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(Path(target) / "tokenizer.json"))
-        return [{"prompt": tok.decode(p)[-400:], "baseline_output": tok.decode(o)[:800]}
+        _, decode = _encoder(target, trust_remote_code)
+        return [{"prompt": decode(p)[-400:], "baseline_output": decode(o)[:800]}
                 for p, o in zip(prompts, outputs)]
     except Exception as exc:  # samples are decoration
         return [{"error": f"{type(exc).__name__}: {exc}"}]
