@@ -171,8 +171,9 @@ def test_our_image_processor_matches_vllms_fused_one(ckpt):
     assert type(ours).__name__ == "KimiK25VisionProcessor"
     fused = fused_mod.KimiK25FusedVisionProcessor.from_pretrained(str(ckpt))
     items = [{"type": "image", "image": _image(w, h, i)} for i, (w, h) in
-             enumerate([(28, 28), (100, 50), (333, 777), (2000, 90), (3000, 3000)])]
-    items.append({"type": "video_chunk", "video_chunk": [_image(640, 480, s) for s in range(4)]})
+             enumerate([(28, 28), (100, 50), (333, 777), (2000, 90), (2500, 2500), (3000, 3000)])]
+    for w, h in [(640, 480), (1700, 1100)]:  # the second is scaled down, to 1119 x 724
+        items.append({"type": "video_chunk", "video_chunk": [_image(w, h, s) for s in range(4)]})
     for item in items:
         assert ours.media_tokens_calculator(dict(item)) == fused.media_tokens_calculator(dict(item))
     a = ours.preprocess([dict(x) for x in items], return_tensors="pt")
