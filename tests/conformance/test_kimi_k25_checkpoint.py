@@ -161,6 +161,27 @@ def test_an_image_prompt_through_vllms_kimi_processor(model_config):
     assert int((out["input_ids"] == MEDIA_PAD).sum()) == info.media_tokens_calculator(dict(image)) == 8 * 11
 
 
+def test_a_chat_with_an_image_renders_one_media_placeholder(model_config):
+    from PIL import Image
+    from vllm.renderers.hf import _detect_content_format
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    try:
+        from vllm.entrypoints.chat_utils import parse_chat_messages
+    except ImportError:  # 0.33 moved it under renderers
+        from vllm.renderers.chat_utils.chat_message import parse_chat_messages
+    tok = cached_tokenizer_from_config(model_config)
+    fmt = _detect_content_format(tok.chat_template, default="string")
+    assert fmt == "openai"  # the template walks the content parts
+    msgs = [{"role": "user", "content": [{"type": "image_pil", "image_pil": Image.new("RGB", (64, 48))},
+                                         {"type": "text", "text": "What?"}]}]
+    conversation, mm_data, _ = parse_chat_messages(msgs, model_config, fmt)
+    assert tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True) == (
+        "<|im_user|>user<|im_middle|><|media_begin|>image<|media_content|><|media_pad|><|media_end|>"
+        "What?<|im_end|><|im_assistant|>assistant<|im_middle|><think>")
+    assert len(mm_data["vision_chunk"]) == 1  # use_unified_vision_chunk: images become chunks
+
+
 def test_our_image_processor_matches_vllms_fused_one(ckpt):
     from vllm.transformers_utils.processor import cached_get_image_processor
 
