@@ -5,14 +5,17 @@ Phases (each re-runnable; every step is timed and appended to ``W/e2e.jsonl`` as
 the whole list is mirrored to ``O/e2e.json``, so a killed run still reports):
 
 - ``target``: stdlib corpus -> byte-level BPE tokenizer -> Llama target trained for
-  ``--target-minutes``. Needs no vLLM. Writes the markers ``W/corpus.done``,
+  ``--target-minutes`` (``--model kimi``: Kimi-K2.5's tokenizer layout with merges learned from
+  the corpus -> a Kimi-K2.5-shaped DeepSeek-V3 written as a Kimi-K2.5 checkpoint, bf16 or
+  ``--kimi-variant int4``). Needs no vLLM. Writes the markers ``W/corpus.done``,
   ``W/tokenizer.done``, ``W/target.done`` (JSON: ``{"status": "ok" | "error", ...}``), so it
   can run detached (``setsid nohup ... &``) while other work goes on.
-- ``pipeline --model llama|deepseek``: waits for the marker it needs, then prepare ->
+- ``pipeline --model llama|kimi|deepseek``: waits for the marker it needs, then prepare (kimi:
+  the records as chats, rendered by the checkpoint's chat template) ->
   [self-distill: the target's own greedy continuations of training prompts, with vLLM] ->
   extract (vLLM through ``vllm_compat.extract``, or ``--extract-backend transformers`` on CPU)
   -> vocab -> train the draft (``--draft-minutes`` of wall clock or ``--draft-steps``) ->
-  export -> validate. ``llama`` uses the trained target; ``deepseek`` builds the tiny random
+  export -> validate. ``llama`` and ``kimi`` use the trained target; ``deepseek`` builds the tiny random
   DeepSeek-V3 (MLA + MoE) of :mod:`vllm_compat.testing.models` over the same tokenizer and data.
 - ``evaluate --model ...``: :mod:`vllm_compat.eagle3.evaluate` on the held-out prompts
   (vLLM). A configuration that fails is named on stderr and fails the step (exit code 1);
@@ -23,7 +26,8 @@ Every vLLM engine (self-distillation, extraction, each evaluated configuration) 
 process of its own (:func:`vllm_compat.isolation.run_isolated`), so one engine's teardown
 cannot break the next; the draft's training stays in this process.
 
-Layout under ``W``: ``corpus/``, ``tokenizer/``, ``llama/target/``, and per model
+Layout under ``W``: ``corpus/``, ``tokenizer/``, ``llama/target/`` (``kimi/tokenizer``,
+``kimi/target``), and per model
 ``<model>/{prep,sd,prep_all,ds,vocab,run,draft,eval}``. Small reports, logs and plots are
 copied to ``O`` at the end of each phase (and on failure).
 """
@@ -45,7 +49,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-MODELS = ("llama", "deepseek")
+MODELS = ("llama", "deepseek", "kimi")
 JSONL = "e2e.jsonl"
 SUMMARY = "e2e.json"
 
@@ -208,11 +212,14 @@ def copy_artifacts(work: Path, out: Path | None, max_file: int = 4 << 20, max_to
 
 def phase_target(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
     from .corpus import build_corpus
-    from .target_train import TargetTrainConfig, train_target
+    from .kimi_target import KIMI_K25, write_kimi_tokenizer
+    from .target_train import LLAMA, TargetTrainConfig, train_target
     from .tokenizer_train import train_tokenizer
 
     work = Path(a.work)
     corpus, tokdir, target = work / "corpus", work / "tokenizer", work / "llama" / "target"
+    if a.model == "kimi":  # Kimi's tokenizer layout and a Kimi-K2.5 checkpoint, in its own folder
+        tokdir, target = work / "kimi" / "tokenizer", work / "kimi" / "target"
     for name in ("corpus", "tokenizer", "target"):  # a re-run starts over
         (work / f"{name}.done").unlink(missing_ok=True)
     (work / PID_FILE).write_text(f"{os.getpid()}\n")
@@ -225,8 +232,11 @@ def phase_target(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
         write_marker(work, "corpus", status="ok")
         current = "tokenizer"
         with rec.step("tokenizer") as r:
-            r.update(train_tokenizer(corpus / "train.txt", tokdir, vocab_size=a.vocab_size,
-                                     model_max_length=a.max_position))
+            if a.model == "kimi":
+                r.update(write_kimi_tokenizer(corpus, tokdir))
+            else:
+                r.update(train_tokenizer(corpus / "train.txt", tokdir, vocab_size=a.vocab_size,
+                                         model_max_length=a.max_position))
         write_marker(work, "tokenizer", status="ok")
         current = "target"
         with rec.step("target_train") as r:
@@ -234,12 +244,14 @@ def phase_target(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
                 corpus_dir=str(corpus), tokenizer_dir=str(tokdir), output_dir=str(target),
                 hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                 num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate,
-                max_position_embeddings=a.max_position, seq_len=a.seq_len, batch_size=a.batch,
+                max_position_embeddings=a.max_position, seq_len=a.seq_len,
+                batch_size=a.batch or (16 if a.model == "kimi" else 64),  # 163840-id logits: smaller
                 lr=a.lr, warmup_steps=a.warmup, minutes=a.target_minutes, max_steps=a.target_steps,
                 eval_tokens=a.eval_tokens, compile=a.compile, seed=a.seed, device=a.device,
                 log_every=a.log_every, select_every_s=a.select_every_s if a.select_every_s > 0 else None,
+                extra={"kimi_variant": a.kimi_variant} if a.model == "kimi" else {},
             )
-            rep = train_target(cfg, log=log)
+            rep = train_target(cfg, log=log, family=KIMI_K25 if a.model == "kimi" else LLAMA)
             r.update({k: rep[k] for k in ("params", "steps", "tokens_seen", "epochs_seen", "tokens_per_s", "train_s",
                                           "train_loss_first", "train_loss_last", "heldout_initial", "heldout",
                                           "train_tokens_available", "eval_tokens_available", "device_name",
@@ -265,12 +277,18 @@ def wait_for_file(path: Path, timeout_s: float, poll_s: float = 2.0) -> dict[str
     return {"file": str(path), "found": path.exists(), "waited_s": round(time.perf_counter() - t0, 1)}
 
 
-def select_records(src: Path, dst: Path, n: int | None, seed: int) -> int:
-    """A seeded random subset of ``n`` lines of ``src`` (all when None), kept in file order."""
+def select_records(src: Path, dst: Path, n: int | None, seed: int, *, as_chat: bool = False) -> int:
+    """A seeded random subset of ``n`` lines of ``src`` (all when None), kept in file order.
+    ``as_chat``: each ``{prompt, completion}`` becomes a user / assistant chat, for a target
+    whose tokenizer renders chats with its own template."""
     lines = [line for line in src.read_text().splitlines() if line.strip()]
     if n is not None and n < len(lines):
         keep = sorted(random.Random(seed).sample(range(len(lines)), n))
         lines = [lines[i] for i in keep]
+    if as_chat:
+        lines = [json.dumps({"messages": [{"role": "user", "content": r["prompt"]},
+                                          {"role": "assistant", "content": r["completion"]}]})
+                 for r in map(json.loads, lines)]
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text("\n".join(lines) + "\n")
     return len(lines)
@@ -461,6 +479,8 @@ def _run_train(T: Any, cfg: Any, device: Any, samples: Any = None) -> Any:
 
 def _engine(a: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     kw: dict[str, Any] = dict(gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len)
+    if a.model == "kimi":  # its tokenizer and image processor are code shipped with the checkpoint
+        kw["trust_remote_code"] = True
     kw.update(extra)
     if a.engine_kwargs:
         kw.update(json.loads(a.engine_kwargs))
@@ -483,8 +503,9 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
     mdir = work / a.model
     target = (work / "llama" / "target") if a.model == "llama" else (mdir / "target")
     summary: dict[str, Any] = {}
-    with rec.step("wait_target" if a.model == "llama" else "wait_tokenizer") as r:
-        r.update(wait_marker(work, "target" if a.model == "llama" else "tokenizer", a.wait_timeout))
+    trained = a.model in ("llama", "kimi")  # the target phase trained it; deepseek is built here
+    with rec.step("wait_target" if trained else "wait_tokenizer") as r:
+        r.update(wait_marker(work, "target" if trained else "tokenizer", a.wait_timeout))
     if a.model == "deepseek":
         with rec.step("build_deepseek_v3") as r:
             from vllm_compat.testing.models import build_model
@@ -500,17 +521,19 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
     tinfo = read_target(target)
     with rec.step("prepare") as r:
         subset = mdir / "train_subset.jsonl"
-        r["records_selected"] = select_records(work / "corpus" / TRAIN_CHUNKS, subset, a.max_records, a.seed)
+        r["records_selected"] = select_records(work / "corpus" / TRAIN_CHUNKS, subset, a.max_records, a.seed,
+                                               as_chat=a.model == "kimi")
         shutil.rmtree(mdir / "prep", ignore_errors=True)
-        rep = prepare(subset, target, mdir / "prep", max_length=a.max_model_len - 1, progress=False)
+        # Kimi: chats rendered by the checkpoint's chat template (its tokenizer is code we wrote)
+        rep = prepare(subset, target, mdir / "prep", max_length=a.max_model_len - 1, progress=False,
+                      trust_remote_code=a.model == "kimi")
         r.update(rep.to_json())
     rows = read_prepared(mdir / "prep" / PREPARED)
     sd_rows: list[dict[str, Any]] = []
     n_sd = a.self_distill if a.self_distill is not None else (
-        # the 2026-11-29 runs' 1024 and 4096 left the draft behind n-gram on the target's
-        # looping continuations (docs/eagle3-results.md). 8192 (run 4, with 5 min of
-        # training at 11.4 steps/s): more steps need more distinct data to go with them
-        8192 if a.model == "llama" and a.extract_backend == "vllm" else 0)
+        # 1024 and 4096 left the draft behind n-gram on the target's looping continuations;
+        # 8192 with 5 min of training beat it: more steps need more distinct data with them
+        8192 if trained and a.extract_backend == "vllm" else 0)
     if n_sd:
         with rec.step("self_distill") as r:
             # each engine step runs in its own process: one engine's teardown must not reach the next
@@ -581,8 +604,9 @@ def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
     mdir = work / a.model
     target = (work / "llama" / "target") if a.model == "llama" else (mdir / "target")
     draft = mdir / "draft"
-    ks = a.k if a.k is not None else ([3, 1, 5] if a.model == "llama" else [3])
-    ngram_ks = a.ngram_k if a.ngram_k is not None else ([3, 1, 5] if a.model == "llama" else [])
+    trained = a.model in ("llama", "kimi")
+    ks = a.k if a.k is not None else ([3, 1, 5] if trained else [3])
+    ngram_ks = a.ngram_k if a.ngram_k is not None else ([3, 1, 5] if trained else [])
     with rec.step("evaluate") as r:
         cfg = EvalConfig(
             target=str(target), draft=str(draft) if (draft / "config.json").exists() else None,
@@ -592,6 +616,7 @@ def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
             enforce_eager=a.enforce_eager, gpu_memory_utilization=a.gpu_memory_utilization,
             max_model_len=a.eval_max_model_len, engine_kwargs=json.loads(a.engine_kwargs) if a.engine_kwargs else {},
             budget_s=a.eval_budget_s, label=f"EAGLE-3 on {a.model} target",
+            trust_remote_code=a.model == "kimi",
         )
         res = evaluate(cfg, log=log, raise_on_error=False)
         r.update(status=res["status"], failed=res["failed"], skipped=res["skipped"], wall_s=res.get("wall_s"),
@@ -635,7 +660,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--intermediate", type=int, default=1536)
     g.add_argument("--max-position", type=int, default=2048)
     g.add_argument("--seq-len", type=int, default=512)
-    g.add_argument("--batch", type=int, default=64)
+    g.add_argument("--batch", type=int, help="default: 64 (llama), 16 (kimi: 163840-id logits)")
+    g.add_argument("--kimi-variant", choices=("bf16", "int4"), default="bf16",
+                   help="--model kimi: routed experts in bf16 or compressed-tensors INT4")
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--warmup", type=int, default=200)
     # 1 min: runs on an H200 kept an early step (378 at ~20 s, 473 at ~25 s); the held-out
@@ -667,8 +694,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-vocab-size", type=int, help="default: the target's (full vocabulary, no d2t)")
     g.add_argument("--draft-minutes", type=float, default=5.0,
                    help="wall clock of the draft's training, reading its samples onto the GPU and "
-                        "calibration included (2026-11-29: 613, 908 and 1577 steps under-trained "
-                        "it; 5 min gave 3059 steps and beat n-gram, run 4)")
+                        "calibration included (on an H200, 600-1600 steps under-trained the "
+                        "Llama's draft; 5 min gave 3059 steps and beat n-gram)")
     g.add_argument("--draft-steps", type=int, help="a step count instead of --draft-minutes")
     g.add_argument("--train-after", metavar="FILE",
                    help="start the draft's training once FILE exists (at most --wait-timeout s): "
@@ -686,8 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-model-len", type=int, default=2048, help="pipeline engines (prepare drops longer records)")
     g.add_argument("--engine-kwargs", help="JSON: more vllm.LLM keywords")
     g = p.add_argument_group("evaluate phase")
-    g.add_argument("--k", type=int, nargs="+", help="EAGLE-3 K's, in run order (default llama: 3 1 5; deepseek: 3)")
-    g.add_argument("--ngram-k", type=int, nargs="*", help="n-gram K's (default llama: 3 1 5; deepseek: none)")
+    g.add_argument("--k", type=int, nargs="+", help="EAGLE-3 K's, in run order (default llama, kimi: 3 1 5; deepseek: 3)")
+    g.add_argument("--ngram-k", type=int, nargs="*", help="n-gram K's (default llama, kimi: 3 1 5; deepseek: none)")
     g.add_argument("--prompt-lookup-min", type=int, default=2)
     g.add_argument("--prompt-lookup-max", type=int, default=5)
     g.add_argument("--prompt-len", type=int, default=128)
