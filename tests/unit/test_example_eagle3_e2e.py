@@ -420,3 +420,38 @@ def test_wait_for_file_gives_up_after_the_timeout(tmp_path):
     assert r["found"] is False and 0.3 <= r["waited_s"] < 2
     (tmp_path / "now").touch()
     assert wait_for_file(tmp_path / "now", 5)["found"] is True
+
+
+def test_kimi_target_phase_writes_a_kimi_k25_checkpoint_and_prepares_chats(fake_stdlib, tmp_path):
+    """``--model kimi``: Kimi's tokenizer layout with merges learned from the corpus, a trained
+    Kimi-K2.5-shaped target written as a Kimi-K2.5 checkpoint, and training chats rendered
+    with the checkpoint's chat template (its tokenizer is code: loaded with trust_remote_code)."""
+    pytest.importorskip("tiktoken")
+    from examples.eagle3_e2e import e2e
+    from vllm_compat.eagle3.prepare import PREPARED, prepare
+    from vllm_compat.tokenizer import RemoteCodeRefusedError, load_tokenizer
+
+    work = tmp_path / "w"
+    assert e2e.main(["target", "--work", str(work), "--device", "cpu", "--model", "kimi",
+                     "--stdlib-root", str(fake_stdlib), "--eval-fraction", "0.2", "--chunk-chars", "300",
+                     "--seq-len", "32", "--batch", "2", "--target-steps", "2", "--warmup", "1",
+                     "--eval-tokens", "64", "--select-every-s", "0"]) == 0
+    target = work / "kimi" / "target"
+    cfg = json.loads((target / "config.json").read_text())
+    assert cfg["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert cfg["text_config"]["model_type"] == "kimi_k2" and cfg["text_config"]["vocab_size"] == 163840
+    assert not (target / "tokenizer.json").exists() and (target / "tiktoken.model").exists()
+    rep = json.loads((target / "train_report.json").read_text())
+    assert rep["family"] == "kimi_k25" and rep["steps"] == 2
+    with pytest.raises(RemoteCodeRefusedError):
+        load_tokenizer(target)
+    chats = tmp_path / "chats.jsonl"
+    e2e.select_records(work / "corpus" / C.TRAIN_CHUNKS, chats, 3, 0, as_chat=True)
+    out = prepare(chats, target, tmp_path / "prep", max_length=512, trust_remote_code=True)
+    assert out.kept == 3
+    row = json.loads((tmp_path / "prep" / PREPARED).read_text().splitlines()[0])
+    tok = load_tokenizer(target, trust_remote_code=True)
+    text = tok.decode(row["input_ids"])
+    assert "<|im_user|>" in text and "<|im_assistant|>" in text  # Kimi's chat markers
+    masked = [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m]
+    assert masked and "<|im_user|>" not in tok.decode(masked)  # loss on the assistant turn only

@@ -109,6 +109,24 @@ def assistant_spans(tok: Any, messages: list[dict[str, str]]) -> tuple[str, list
     return text, spans
 
 
+def _tokenize_by_span(tok: Any, text: str, spans: list[tuple[int, int]], *,
+                      add_special_tokens: bool) -> tuple[list[int], list[int]]:
+    """For tokenizers without offset mappings (slow ones, e.g. Kimi-K2.5's tiktoken code): each
+    piece between span boundaries on its own, the assistant pieces trained on. Chat templates
+    put special tokens at those boundaries, so pieces tokenize as the whole text does there."""
+    cuts = sorted({0, len(text), *(b for span in spans for b in span)})
+    ids: list[int] = []
+    mask: list[int] = []
+    if add_special_tokens and getattr(tok, "bos_token_id", None) is not None:
+        ids, mask = [tok.bos_token_id], [0]
+    for a, b in zip(cuts, cuts[1:]):
+        piece = tok.encode(text[a:b], add_special_tokens=False)
+        inside = int(any(s <= a and b <= e for s, e in spans))
+        ids += piece
+        mask += [inside] * len(piece)
+    return ids, mask
+
+
 def tokenize_record(tok: Any, record: Any, max_length: int | None) -> tuple[list[int], list[int]]:
     """``(input_ids, loss_mask)`` of one record, or :class:`SkipRecord`."""
     messages = _messages(record)
@@ -123,11 +141,15 @@ def tokenize_record(tok: Any, record: Any, max_length: int | None) -> tuple[list
         raise SkipRecord("malformed_record", "neither messages/conversations nor prompt+completion")
     if not spans:
         raise SkipRecord("empty", "no non-empty assistant turn")
-    enc = tok(text, add_special_tokens=messages is None, return_offsets_mapping=True)
-    ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
-    # a token overlapping an assistant span is trained on (one may straddle the prompt boundary,
-    # e.g. " there" after the prompt "Hello "): the model emits it to start the answer
-    mask = [int(end > start and any(start < e and end > s for s, e in spans)) for start, end in offsets]
+    if getattr(tok, "is_fast", False):
+        enc = tok(text, add_special_tokens=messages is None, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+        # a token overlapping an assistant span is trained on (one may straddle the prompt
+        # boundary, e.g. " there" after the prompt "Hello "): the model emits it to start the answer
+        mask = [int(end > start and any(start < e and end > s for s, e in spans))
+                for start, end in offsets]
+    else:
+        ids, mask = _tokenize_by_span(tok, text, spans, add_special_tokens=messages is None)
     if not ids or not any(mask):
         raise SkipRecord("empty", "no trainable tokens after tokenisation")
     if max_length is not None and len(ids) > max_length:
