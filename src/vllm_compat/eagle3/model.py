@@ -92,7 +92,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
-        assert d is not None  # DraftConfig.__post_init__ sets it        self.nh, self.nkv, self.d, self.theta = cfg.num_attention_heads, cfg.num_key_value_heads, d, cfg.rope_theta
+        assert d is not None  # DraftConfig.__post_init__ sets it
+        self.nh, self.nkv, self.d, self.theta = cfg.num_attention_heads, cfg.num_key_value_heads, d, cfg.rope_theta
         self.q_proj = nn.Linear(2 * h, self.nh * d, bias=False)
         self.k_proj = nn.Linear(2 * h, self.nkv * d, bias=False)
         self.v_proj = nn.Linear(2 * h, self.nkv * d, bias=False)
