@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("adapters",),
     ("detect",),
     ("hashing", "requests", "scheduling", "step", "rpc", "locking", "target",
-     "extract.layers", "extract.ordering", "extract.staging"),
+     "extract.layers", "extract.ordering", "extract.staging", "extract.fp8"),
     ("runtime",),
     ("extract",),
     ("eagle3", "speculators"),

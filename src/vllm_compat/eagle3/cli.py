@@ -120,7 +120,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--output", "-o", required=True)
     s.add_argument("--aux-layer-ids", type=int, nargs="+", help="default: EAGLE-3's (2, L//2, L-3)")
     s.add_argument("--backend", choices=("vllm", "transformers"), default="vllm")
-    s.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    s.add_argument("--dtype", choices=("bfloat16", "float16", "float32", "float8_e4m3fn"), default="bfloat16",
+                   help="float8_e4m3fn: FP8 with a float32 scale per token and layer (half the bytes)")
     s.add_argument("--samples-per-shard", type=int, default=256)
     s.add_argument("--max-num-batched-tokens", type=int)
     s.add_argument("--tensor-parallel-size", type=int, default=1)

@@ -22,6 +22,7 @@ import vllm
 from vllm import LLM, SamplingParams
 
 from ..detect import detect
+from ..extract import fp8
 from ..extract.staging import StagedCopy
 from ..requests import make_request
 from ..rpc import collective_rpc
@@ -37,13 +38,14 @@ def _engine_args_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
-def _set_env(**values: str) -> dict[str, str | None]:
+def set_env(**values: str) -> dict[str, str | None]:
+    """Set environment variables; returns what to hand :func:`restore_env` afterwards."""
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     return old
 
 
-def _restore_env(old: Mapping[str, str | None]) -> None:
+def restore_env(old: Mapping[str, str | None]) -> None:
     for k, v in old.items():
         if v is None:
             os.environ.pop(k, None)
@@ -59,13 +61,55 @@ def _refuse_unsupported(kw: Mapping[str, Any]) -> None:
         raise ValueError("pipeline_parallel_size > 1 is not supported")
 
 
-def _reset_envs_cache() -> None:
+def reset_envs_cache() -> None:
+    """Make vLLM read its environment variables again (before building another engine)."""
     # 0.2x: EngineCore.__init__ calls envs.enable_envs_cache(), freezing env reads for the
     # rest of the process; a second LLM must see our variables again.
     import vllm.envs as envs
     fn = getattr(envs, "disable_envs_cache", None)
     if fn is not None:
         fn()
+
+
+def _saved(path: str) -> bool:
+    import fcntl
+    lock = path + ".lock"
+    if not os.path.exists(lock):  # 0.17.1-0.21.0: synchronous save, no lock file
+        return os.path.exists(path)
+    with open(lock) as lf:
+        try:
+            fcntl.flock(lf, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(lf, fcntl.LOCK_UN)
+        return True
+
+
+def wait_hidden_states_saved(paths: Sequence[str], llm: LLM, timeout: float = 120.0) -> None:
+    """Until vLLM's hidden-states connector has written every file of ``paths`` (the
+    ``kv_transfer_params["hidden_states_path"]`` of ``generate()``'s outputs).
+
+    0.24.0+ saves in the worker's ``get_finished`` (PendingSave) and holds a LOCK_EX on
+    ``<path>.lock`` until then; ``LLM.generate`` returns as soon as the request's output
+    is out, before that step runs. ``load_hidden_states`` (0.22.1+) then blocks on LOCK_SH
+    for ever in an in-process engine (seen on 0.26.0, H200). We take the lock non-blocking
+    and, for an in-process engine core (which would otherwise stall), step it meanwhile; a
+    separate engine-core process keeps stepping on its own. Deadline: ``timeout`` seconds.
+    """
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    pending = list(paths)
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = [p for p in pending if not _saved(p)]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"vLLM's hidden-states connector did not write {len(pending)} "
+                               f"file(s) within {timeout:.0f} s, e.g. {pending[0]}")
+        if core is not None and core.scheduler.has_requests():
+            core.step()
+        else:
+            time.sleep(0.002)
 
 
 class ExtractionEngine:
@@ -76,8 +120,14 @@ class ExtractionEngine:
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  enforce_eager: bool = False, gpu_memory_utilization: float = 0.5,
                  overlap_copy: bool | None = None, launch_ahead: bool | None = None,
+                 states_dtype: torch.dtype | None = None,
                  llm_kwargs: Mapping[str, Any] | None = None) -> None:
         kw = dict(llm_kwargs or {})
+        if states_dtype is not None and not fp8.is_fp8(states_dtype):
+            raise ValueError(f"states_dtype must be None (the model's dtype) or "
+                             f"torch.float8_e4m3fn, got {states_dtype}")
+        # FP8 states are encoded in the worker, on the GPU, before the copy to the host
+        self._encode = "fp8" if states_dtype is not None else None
         _refuse_unsupported(kw)
         self.plan = plan(target, layer_ids, backend=backend, enforce_eager=enforce_eager)
         self.target = target
@@ -161,15 +211,15 @@ class ExtractionEngine:
             keep |= {"VLLM_DISABLE_COMPILE_CACHE", "VLLM_USE_AOT_COMPILE"}
         if self._aux_in_worker_processes:
             env[capture_worker.ENV_AUX] = ",".join(map(str, self.plan.native_ids))
-        old = _set_env(**env)
-        _reset_envs_cache()
+        old = set_env(**env)
+        reset_envs_cache()
         try:
             with capture_worker.aux_configured(
                     self.plan.native_ids if self.plan.mode == "aux" else None):
                 return LLM(**args)
         finally:
-            _restore_env({k: v for k, v in old.items() if k not in keep})
-            _reset_envs_cache()
+            restore_env({k: v for k, v in old.items() if k not in keep})
+            reset_envs_cache()
 
     def _attach_engine_core(self) -> None:
         """Find the in-process engine core and executor; install hooks; describe the worker."""
@@ -336,13 +386,13 @@ class ExtractionEngine:
                     self._pending[rid] = (ids, off + n)
         chunks = collective_rpc(self.executor, capture_worker.collect, args=(
             dict(so.num_scheduled_tokens), self.plan.mode, self.layer_ids, chunk_ids,
-            self._in_process_worker, self.overlap_copy), rank=0)
+            self._in_process_worker, self.overlap_copy, self._encode), rank=0)
         self._collect_s += time.perf_counter() - t0
         return chunks
 
     # ---- native: vLLM's own extract_hidden_states + connector
 
-    def run_native(self, batch: Sequence[tuple[str, Sequence[int]]]) -> list[torch.Tensor]:
+    def run_native(self, batch: Sequence[tuple[str, Sequence[int]]]) -> list[Any]:
         from vllm.inputs import TokensPrompt
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for _, ids in batch]
         outs = self.llm.generate(prompts, self._sp, use_tqdm=False)
@@ -356,45 +406,16 @@ class ExtractionEngine:
             self._wait_saved(path)
             from safetensors.torch import load_file
             data = load_file(path, device="cpu")
-            hs = data["hidden_states"][: len(ids)]
-            res.append(hs[:, pos].clone())
+            hs = data["hidden_states"][: len(ids)][:, pos]
+            # vLLM's connector writes the model's dtype: FP8 is encoded here, on the CPU
+            res.append(fp8.encode(hs) if self._encode == "fp8" else hs.clone())
             for p in (path, path + ".lock"):
                 with contextlib.suppress(OSError):
                     os.remove(p)
         return res
 
     def _wait_saved(self, path: str, timeout: float = 120.0) -> None:
-        """Step the engine until the connector has written ``path``.
-
-        0.24.0+ saves in the worker's ``get_finished`` (PendingSave) and holds a LOCK_EX on
-        ``<path>.lock`` until then; ``LLM.generate`` returns as soon as the request's output
-        is out, before that step runs. ``load_hidden_states`` (0.22.1+) then blocks on
-        LOCK_SH for ever in an in-process engine (seen on 0.26.0, H200). We take the lock
-        non-blocking and step the engine core meanwhile, with a deadline.
-        """
-        import fcntl
-        import time
-        lock = path + ".lock"
-        deadline = time.monotonic() + timeout
-        while True:
-            if not os.path.exists(lock):  # 0.17.1-0.21.0: synchronous save, no lock file
-                if os.path.exists(path):
-                    return
-            else:
-                with open(lock) as lf:
-                    try:
-                        fcntl.flock(lf, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                        fcntl.flock(lf, fcntl.LOCK_UN)
-                        return
-                    except BlockingIOError:
-                        pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vLLM's hidden-states connector did not write {path} within "
-                                   f"{timeout:.0f} s")
-            if self.core is not None and self.core.scheduler.has_requests():
-                self.core.step()
-            else:
-                time.sleep(0.01)
+        wait_hidden_states_saved([path], self.llm, timeout)
 
     # ---- helpers for tests / callers
 
