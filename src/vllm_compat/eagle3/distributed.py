@@ -127,7 +127,8 @@ def extract_distributed(
     the running cluster; None: connect to one if this process already is, else start a
     local one). ``staggered_start``: start the replicas one after another (replicas that
     share a GPU profile its memory one at a time). ``on_event``: called in the driver
-    with each event (``replica_ready``, ``unit_started``, ``unit_done``, ``replica_died``).
+    with each event (``replica_ready``, ``unit_started``, ``unit_done``, ``replica_died``,
+    ``replica_lost`` once Ray gave up restarting it).
     ``extractor_kwargs``: to each replica's extractor.
     """
     if backend not in BACKENDS:
@@ -161,7 +162,7 @@ def extract_distributed(
 def _run(ray: Any, todo: collections.deque[int], replicas: int, gpus: float,
          max_restarts: int, staggered: bool, emit: Event, args: tuple[str, str, str],
          kwargs: dict[str, Any]) -> None:
-    from ray.exceptions import RayActorError
+    from ray.exceptions import ActorDiedError, RayActorError
 
     actor_cls = ray.remote(ExtractionReplica).options(
         num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0)
@@ -176,32 +177,42 @@ def _run(ray: Any, todo: collections.deque[int], replicas: int, gpus: float,
             infos = ray.get([a.info.remote() for a in actors])
         for r, info in enumerate(infos):
             emit({"event": "replica_ready", "replica": r, **info})
-        failures = [0] * len(actors)
         idle = collections.deque(range(len(actors)))
         running: dict[Any, tuple[int, int]] = {}  # task ref -> (replica, unit)
+        probes: dict[Any, int] = {}  # info() of a restarting replica -> replica
         while todo or running:
             while idle and todo:
                 r, u = idle.popleft(), todo.popleft()
                 running[actors[r].run_unit.remote(u)] = (r, u)
                 emit({"event": "unit_started", "replica": r, "unit": u, "pid": infos[r]["pid"]})
-            if not running:
+            if not running and not probes:
                 raise RuntimeError(f"every replica died; {len(todo)} units left")
-            [ref], _ = ray.wait(list(running), num_returns=1)
+            [ref], _ = ray.wait([*running, *probes], num_returns=1)
+            if ref in probes:  # a restarting replica answered, or not yet
+                r = probes.pop(ref)
+                try:
+                    infos[r] = ray.get(ref)
+                except ActorDiedError:  # out of restarts
+                    emit({"event": "replica_lost", "replica": r})
+                except RayActorError:  # still restarting: ask again shortly
+                    time.sleep(0.5)
+                    probes[actors[r].info.remote()] = r
+                else:
+                    emit({"event": "replica_ready", "replica": r, "restarted": True, **infos[r]})
+                    idle.append(r)
+                continue
             r, u = running.pop(ref)
             try:
                 res = ray.get(ref)
             except RayActorError as e:  # the process or node died: the unit goes back
-                failures[r] += 1
                 todo.appendleft(u)
-                alive = failures[r] <= max_restarts
-                emit({"event": "replica_died", "replica": r, "unit": u, "restarting": alive,
+                lost = isinstance(e, ActorDiedError)
+                emit({"event": "replica_died", "replica": r, "unit": u, "restarting": not lost,
                       "error": f"{type(e).__name__}: {str(e)[:300]}"})
-                if alive:  # Ray restarts it; calls wait until it is back
+                if not lost:  # Ray restarts it (max_restarts); use it once it answers
                     infos[r] = dict(infos[r], pid=None)
-                    idle.append(r)
+                    probes[actors[r].info.remote()] = r
                 continue
-            if infos[r].get("pid") != res["pid"]:
-                infos[r] = dict(infos[r], pid=res["pid"])
             emit({"event": "unit_done", "replica": r, **res})
             idle.append(r)
     finally:
