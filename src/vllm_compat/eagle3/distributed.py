@@ -34,7 +34,15 @@ from ..locking import lock_output_dir
 from ..target import read_target
 from .data import Manifest
 from .extract_step import aux_layer_ids_for
-from .units import UnitSpec, is_finished, merge_units, read_plan, remove_partials, write_plan, write_unit
+from .units import (
+    UnitSpec,
+    is_finished,
+    merge_units,
+    read_plan,
+    remove_partials,
+    write_plan,
+    write_unit,
+)
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +227,6 @@ def _run(ray: Any, todo: collections.deque[int], replicas: int, gpus: float,
         for a in actors:
             try:
                 ray.get(a.close.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 - a dead replica has nothing to close
-                pass
+            except Exception as e:  # noqa: BLE001 - a dead replica has nothing to close
+                log.debug("closing a replica: %s", e)
             ray.kill(a)

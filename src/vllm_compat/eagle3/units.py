@@ -43,7 +43,14 @@ from typing import Any
 import torch
 
 from ..locking import atomic_write_bytes
-from .data import MANIFEST, BackgroundShardWriter, DatasetFormatError, Manifest, ShardWriter, read_manifest
+from .data import (
+    MANIFEST,
+    BackgroundShardWriter,
+    DatasetFormatError,
+    Manifest,
+    ShardWriter,
+    read_manifest,
+)
 from .prepare import PREPARED
 
 PLAN = "units.json"

@@ -110,6 +110,16 @@ class HiddenStatesExtractor:
     def llm(self) -> Any:
         return self._engine.llm
 
+    @property
+    def states_dtype(self) -> Any:
+        """None (the model's dtype) or ``torch.float8_e4m3fn``; settable between ``extract``
+        calls (the same engine then hands out the other kind)."""
+        return self._engine.states_dtype
+
+    @states_dtype.setter
+    def states_dtype(self, dtype: Any) -> None:
+        self._engine.states_dtype = dtype
+
     def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float | None]]:
         """vLLM's own ``prompt_logprobs`` of each prompt token (for cross-checks)."""
         return self._engine.prompt_logprobs(prompts)

@@ -123,11 +123,7 @@ class ExtractionEngine:
                  states_dtype: torch.dtype | None = None,
                  llm_kwargs: Mapping[str, Any] | None = None) -> None:
         kw = dict(llm_kwargs or {})
-        if states_dtype is not None and not fp8.is_fp8(states_dtype):
-            raise ValueError(f"states_dtype must be None (the model's dtype) or "
-                             f"torch.float8_e4m3fn, got {states_dtype}")
-        # FP8 states are encoded in the worker, on the GPU, before the copy to the host
-        self._encode = "fp8" if states_dtype is not None else None
+        self.states_dtype = states_dtype
         _refuse_unsupported(kw)
         self.plan = plan(target, layer_ids, backend=backend, enforce_eager=enforce_eager)
         self.target = target
@@ -266,6 +262,22 @@ class ExtractionEngine:
         self.launch_ahead = bool(launch_ahead)
         self._emb0 = self.plan.mode == "aux" and 0 in self.layer_ids
         self._pending: dict[str, tuple[list[int], int]] = {}  # req -> (prompt, offset)
+
+    @property
+    def states_dtype(self) -> torch.dtype | None:
+        """None: states in the model's dtype; ``torch.float8_e4m3fn``: FP8 with scales,
+        encoded in the worker, on the GPU, before the copy to the host. Settable between
+        extractions."""
+        return fp8.FP8_DTYPE if self._encode == "fp8" else None
+
+    @states_dtype.setter
+    def states_dtype(self, dtype: torch.dtype | None) -> None:
+        if dtype is not None and not fp8.is_fp8(dtype):
+            raise ValueError(f"states_dtype must be None (the model's dtype) or "
+                             f"torch.float8_e4m3fn, got {dtype}")
+        if getattr(self, "_pipe", None) is not None and (self._pipe.in_flight or self._tickets):
+            raise RuntimeError("states_dtype changed while an extraction was running")
+        self._encode = "fp8" if dtype is not None else None
 
     @property
     def _steps(self) -> StepPipeline:
