@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import threading
-import time
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from vllm_compat.eagle3 import units as U
 from vllm_compat.eagle3.data import HiddenStatesDataset
 from vllm_compat.eagle3.distributed import extract_distributed
 from vllm_compat.testing.models import build_model
+from vllm_compat.testing.replicas import ReplicaKiller
 
 N_RECORDS, PER_UNIT = 40, 8
 
@@ -71,29 +70,10 @@ def test_a_replica_killed_mid_unit_is_restarted_and_the_bytes_equal_one_replicas
     assert len(HiddenStatesDataset(ref)) == N_RECORDS
 
     out = tmp_path / "two"
-    events: list[dict] = []
-    killed: dict = {}
-
-    def kill_when_a_shard_of_its_unit_is_written(unit: int, pid: int) -> None:
-        name = f"unit-{unit:05d}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            parts = list((out / "units").glob(f"{name}.partial-*/shard-00000.safetensors"))
-            if parts:
-                os.kill(pid, signal.SIGKILL)
-                killed.update(unit=unit, pid=pid, partial=str(parts[0].parent))
-                return
-            time.sleep(0.001)
-
-    def on_event(e: dict) -> None:
-        events.append(e)
-        if e["event"] == "unit_started" and e["replica"] == 1 and not killed and e["pid"]:
-            killed["pending"] = True
-            threading.Thread(target=kill_when_a_shard_of_its_unit_is_written,
-                             args=(e["unit"], e["pid"]), daemon=True).start()
-
-    m2 = _run(tiny, out, 2, on_event)
-    assert killed.get("pid"), "the replica was not killed mid-unit"
+    killer = ReplicaKiller(out, replica=1)
+    events, killed = killer.events, killer.killed
+    m2 = _run(tiny, out, 2, killer)
+    assert killed.get("pid") and killed["shards_then"] >= 1, "the replica was not killed mid-unit"
     died = [e for e in events if e["event"] == "replica_died"]
     assert [(e["replica"], e["unit"], e["restarting"]) for e in died] == [(1, killed["unit"], True)]
     done = [e for e in events if e["event"] == "unit_done"]
@@ -106,17 +86,16 @@ def test_a_replica_killed_mid_unit_is_restarted_and_the_bytes_equal_one_replicas
     assert _files(out) == _files(ref)  # every shard, unit manifest and the merged manifest
 
     # the whole job dies: a finished unit lost, a partial one left; running again resumes
-    import shutil
     shutil.rmtree(out / "units" / "unit-00002")
     os.makedirs(out / "units" / "unit-00003.partial-dead")
     (out / "manifest.json").unlink()
     resumed = [e for e in events if e["event"] == "unit_done"]
     events.clear()
-    _run(tiny, out, 2, on_event)
+    _run(tiny, out, 2, killer)
     assert sorted(e["unit"] for e in events if e["event"] == "unit_done") == [2]
     assert _files(out) == _files(ref) and resumed
     events.clear()
-    _run(tiny, out, 2, on_event)  # nothing left: no replica starts, the manifest is rewritten
+    _run(tiny, out, 2, killer)  # nothing left: no replica starts, the manifest is rewritten
     assert events == [] and _files(out) == _files(ref)
     assert U.read_plan(out)[2]["num_records"] == N_RECORDS
 
