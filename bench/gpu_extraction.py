@@ -251,6 +251,16 @@ def c_limits(res: dict[str, Any], wls: Sequence[str],
 # --------------------------------------------------------------------------- disk
 
 
+def plain_write_bytes(wrote: dict[tuple[str, int], int], tag: str, prompts: Sequence[Sequence[int]],
+                      bpt: float) -> int:
+    """What the plain write beside a (c) run writes: the bytes that run wrote (``wrote``,
+    keyed by dtype and token count); before any (c) run of these prompts (the warm-up), an
+    estimate: the states plus int64 ids and a bool mask per token, ~4 KiB of headers per
+    sample."""
+    tokens = sum(map(len, prompts))
+    return wrote.get((tag, tokens)) or int(tokens * (bpt + 9) + len(prompts) * 4096)
+
+
 def _fsync_path(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -819,10 +829,7 @@ class Bench:
             bpt = bytes_per_token(len(self.layer_ids), self.H)[tag]
 
             def run(prompts: list[list[int]]) -> dict[str, Any]:
-                tokens = sum(map(len, prompts))
-                # the bytes the c run before it wrote (the warm-up's estimate: states + int64
-                # ids + bool mask per token, ~4 KiB of headers per sample)
-                nbytes = wrote.get((tag, tokens)) or int(tokens * (bpt + 9) + len(prompts) * 4096)
+                nbytes = plain_write_bytes(wrote, tag, prompts, bpt)
                 os.sync()
                 dt = disk_write(self.scratch / f"disk-{tag}.bin", nbytes)
                 return {"times": {f"disk_{tag}": dt}, "bytes": nbytes}

@@ -189,6 +189,14 @@ def test_without_b_there_is_no_in_memory_limit():
     assert ge.summarize({"modes": {}})["ratios"]["b/a"] == {}
 
 
+def test_the_plain_write_takes_the_bytes_the_c_run_wrote():
+    prompts = [[1] * 100, [2] * 50]
+    assert ge.plain_write_bytes({}, "fp8", prompts, 8208.0) == 150 * (8208 + 9) + 2 * 4096
+    wrote = {("fp8", 150): 1_234_567, ("bf16", 150): 2_000_000, ("fp8", 99): 5}
+    assert ge.plain_write_bytes(wrote, "fp8", prompts, 8208.0) == 1_234_567
+    assert ge.plain_write_bytes(wrote, "bf16", prompts, 16384.0) == 2_000_000
+
+
 def test_disk_write_measures_and_cleans_up(tmp_path):
     sec = ge.disk_write(tmp_path / "x.bin", 3 * (1 << 20) + 17, chunk=1 << 20)
     assert sec > 0 and not (tmp_path / "x.bin").exists()
