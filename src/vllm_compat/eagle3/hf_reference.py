@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,8 +33,9 @@ class TransformersExtractor:
                  device: str = "cpu", states_dtype: torch.dtype | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(
-            str(target_dir), dtype=torch.float32, trust_remote_code=False).to(device).eval()
+        self.model: Any = AutoModelForCausalLM.from_pretrained(
+            str(target_dir), dtype=torch.float32, trust_remote_code=False).eval()
+        self.model.to(device)
         self.device = device
         self.num_layers = self.model.config.num_hidden_layers
         self.layer_ids = tuple(layer_ids)

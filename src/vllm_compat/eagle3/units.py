@@ -144,11 +144,11 @@ def write_plan(output_dir: str | os.PathLike[str], records_dir: str | os.PathLik
     :class:`DatasetFormatError`: a resume would mix two datasets)."""
     out = Path(output_dir)
     n, size, units = scan_records(records_dir, samples_per_unit)
+    spec_json: dict[str, Any] = dict(asdict(spec), aux_layer_ids=list(spec.aux_layer_ids))
     plan = {"format": PLAN_FORMAT, "format_version": 1,
             "records": str(Path(records_dir).resolve()), "num_records": n, "records_bytes": size,
-            "samples_per_unit": samples_per_unit, "spec": asdict(spec),
+            "samples_per_unit": samples_per_unit, "spec": spec_json,
             "units": [[u.start, u.stop, u.offset] for u in units]}
-    plan["spec"]["aux_layer_ids"] = list(spec.aux_layer_ids)
     path = out / PLAN
     if path.is_file():
         have = json.loads(path.read_text())

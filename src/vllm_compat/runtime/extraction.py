@@ -275,7 +275,8 @@ class ExtractionEngine:
         if dtype is not None and not fp8.is_fp8(dtype):
             raise ValueError(f"states_dtype must be None (the model's dtype) or "
                              f"torch.float8_e4m3fn, got {dtype}")
-        if getattr(self, "_pipe", None) is not None and (self._pipe.in_flight or self._tickets):
+        pipe = getattr(self, "_pipe", None)  # None while __init__ runs, and for native
+        if pipe is not None and (pipe.in_flight or self._tickets):
             raise RuntimeError("states_dtype changed while an extraction was running")
         self._encode = "fp8" if dtype is not None else None
 
