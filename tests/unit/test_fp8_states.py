@@ -72,6 +72,15 @@ def test_encode_equals_the_float32_formula_bit_for_bit():
     assert torch.equal(q32.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s32, scale)
 
 
+def test_large_inputs_are_encoded_in_row_blocks_to_the_same_bytes(monkeypatch):
+    """Bounded temporaries (the GPU encodes beside a full KV cache): the same bytes."""
+    x = _states(T=37)
+    q, scale = fp8.encode(x)
+    monkeypatch.setattr(fp8, "CHUNK_ELEMENTS", 5 * 4 * 96)  # blocks of 5 tokens
+    q2, scale2 = fp8.encode(x)
+    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8)) and torch.equal(scale2, scale)
+
+
 def test_per_token_scales_beat_one_scale_per_sample_and_layer():
     """Quiet tokens next to a loud one (as the massive activations of a first token) keep
     their precision; with one scale per sample and layer (earlier datasets) they fall among

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FP8_DTYPE", "FP8_MAX", "SCALE_KEY", "decode", "encode", "is_fp8"]
+__all__ = ["CHUNK_ELEMENTS", "FP8_DTYPE", "FP8_MAX", "SCALE_KEY", "decode", "encode", "is_fp8"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -37,8 +37,18 @@ def is_fp8(dtype: torch.dtype | str | None) -> bool:
     return dtype in (FP8_DTYPE, "float8_e4m3fn", "torch.float8_e4m3fn")
 
 
+CHUNK_ELEMENTS = 1 << 25  # float32 temporaries of at most 128 MiB (on the GPU, beside the KV cache)
+
+
 def encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` ``[..., H]`` -> (float8_e4m3fn like ``x``, float32 scale ``x.shape[:-1]``)."""
+    step = max(1, CHUNK_ELEMENTS // max(1, x[0].numel())) if x.dim() > 1 else 0
+    if 0 < step < x.shape[0]:  # row blocks: the same bytes, bounded temporaries
+        q = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+        scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        for i in range(0, x.shape[0], step):
+            q[i:i + step], scale[i:i + step] = encode(x[i:i + step])
+        return q, scale
     # |x| and its max in the input dtype (exact for bf16), then float32: the division
     # promotes, so no float32 copy of x is made before it
     scale = (x.abs().amax(dim=-1).float() / FP8_MAX).clamp_min(_TINY)
