@@ -116,7 +116,8 @@ def _junit_counts(path: Path) -> dict[str, int]:
 def unit(session: nox.Session) -> None:
     """Tests that need no vLLM (CPU torch for the pipeline pieces)."""
     install_cpu_torch(session)
-    session.install("-e", f"{ROOT}[test,eagle3,testing]")
+    # ray: the replicas test runs a real local Ray cluster (a ~80 MB wheel, cached by uv)
+    session.install("-e", f"{ROOT}[test,eagle3,testing,ray]")
     session.run("python", "-m", "pytest", str(ROOT / "tests" / "unit"), "-q", *session.posargs,
                 env=TEST_ENV)
 

@@ -1,7 +1,7 @@
 """CPU benchmark: how fast the draft trainer's batches are built, before and after the change
 that keeps hidden states in their stored dtype and builds batches ahead in a thread.
 
-    python bench/cpu_draft_batches.py --out bench/results
+    python -m bench.cpu_draft_batches --out OUT
 
 Why: on the H200 (2026-11-29), a 1-layer EAGLE-3 draft trained at 7.0-7.8 steps/s (batch
 16, ~534 tokens per sample, 4 states of 512): the step waited for its batch, built in the
@@ -82,7 +82,7 @@ def run(ds: HiddenStatesDataset, sampler: StepBatches, fn, depth: int, step_s: f
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--out", default="/tmp/vllm-compat-bench")
     ap.add_argument("--samples", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--min-len", type=int, default=64)

@@ -15,8 +15,8 @@ Variants:
   ours_vocab  as `ours`, plus vocab_size= (adds a max() over the prompt)
   ours_novalidate  as `ours` with validate=False
 
-    PYTHONPATH=. python bench/cpu_request_overhead.py [--prompt-len 1024] [--rounds 800] [--n 10]
-Writes bench/results/cpu_request_overhead-<vllm version>.json.
+    python -m bench.cpu_request_overhead [--prompt-len 1024] [--rounds 800] [--n 10] [--out OUT.json]
+Writes /tmp/vllm-compat-bench/cpu_request_overhead-<vllm version>.json unless ``--out`` says.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def main() -> None:
                     help="comma-separated variants to run beside raw")
     ap.add_argument("--no-components", action="store_true",
                     help="skip the per-component profile (where make_request's time goes)")
-    ap.add_argument("--out", default=None, help="result file (default: results/cpu_request_overhead-<vllm>.json)")
+    ap.add_argument("--out", default=None, help="result file (default: /tmp/vllm-compat-bench/cpu_request_overhead-<vllm>.json)")
     args = ap.parse_args()
 
     import vllm
@@ -120,7 +120,7 @@ def main() -> None:
         "vllm": vllm.__version__,
         "python": platform.python_version(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "command": "PYTHONPATH=. python " + " ".join(["bench/cpu_request_overhead.py"] + sys.argv[1:]),
+        "command": " ".join(["python -m bench.cpu_request_overhead"] + sys.argv[1:]),
         "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
         "loadavg_1_5_15_after": [round(x, 2) for x in load_after],
         "cpu_count": os.cpu_count(),
@@ -159,7 +159,8 @@ def main() -> None:
         result["components_us_median"] = components(prompt, sp, ours_hasher, raw_hasher, raw_kw,
                                                     vocab, args.rounds)
     out = Path(args.out) if args.out else (
-        Path(__file__).parent / "results" / f"cpu_request_overhead-{vllm.__version__}.json")
+        Path("/tmp/vllm-compat-bench") / f"cpu_request_overhead-{vllm.__version__}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
@@ -169,8 +170,9 @@ def components(prompt, sp, hasher, raw_hasher, raw_kw, vocab, rounds) -> dict[st
     import marshal
     from array import array
 
-    import vllm_compat as vc
     from vllm.v1.request import Request
+
+    import vllm_compat as vc
     from vllm_compat.requests import _check_prompt, _fast_ok
 
     def check_before_this_change(ids):  # list + array("q") + min + max + tolist

@@ -1,11 +1,11 @@
 """The shard digest: one whole-file sha256 against ``sha256_tree`` (per-piece sha256s on a
 thread pool), side by side on the same bytes, interleaved per round.
 
-    PYTHONPATH=src python bench/cpu_shard_digest.py --mib 256 --rounds 5
+    python -m bench.cpu_shard_digest --mib 256 --rounds 5 --out OUT.json
 
-Why: on the H200-x2 host (sixth session) ``ShardWriter`` ran at 0.61 of the disk and at 1.0
-without its sha256 (``bench/cpu_shard_writer.py``'s ``writer_nohash``): one sha256 on one core
-(~1.6-2 GB/s) was the bound. Results: ``results/cpu_shard_digest.json``.
+Why: one sha256 runs on one core (~1.6-2 GB/s), slower than a fast disk; ``ShardWriter``
+without its digest (``python -m bench.cpu_shard_writer``'s ``writer_nohash``) ran at the disk's
+speed on an H200 host, and at 0.61 of it with a whole-file sha256.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_shard_digest.json"))
+    ap.add_argument("--out", default="/tmp/vllm-compat-bench/cpu_shard_digest.json")
     a = ap.parse_args()
     buf = os.urandom(a.mib << 20)
     fns = {"sha256": lambda: hashlib.sha256(buf).hexdigest(),

@@ -1,61 +1,46 @@
-"""ShardWriter throughput against a plain write + fsync of the same bytes (issue 4, path (c)).
+"""Dataset writing against the disk: ``ShardWriter`` and ``BackgroundShardWriter`` (what
+extraction writes through) against a plain write + fsync of the same bytes, interleaved per
+round, median MB/s. The CPU side of the GPU benchmark's to-disk mode
+(``python -m bench.gpu_extraction --modes b,c``), without a GPU.
 
-On the H200 host the extractor's disk path ran at 0.16-0.22 of the disk's own speed, and the
-writer (not the disk) was busy: serialising with ``safetensors.torch.save`` (one extra copy of
-every byte), sha256, then the write. This measures, side by side and interleaved per round:
+    python -m bench.cpu_shard_writer --dir /dev/shm --mib 512 --rounds 5 --out OUT.json
+    python -m bench.cpu_shard_writer --dir /path/on/the/disk --mib 4096 --rounds 3 \
+        --samples-per-shard 16 --modes plain,plain_shards_kick,writer,c_bf16,plain_fp8,c_fp8,c_fp8_encoded
 
-- ``plain``: the shard's tensor bytes written with one ``os.write`` loop + fsync;
-- ``before``: the previous flush path: ``safetensors.torch.save`` to bytes, sha256, atomic write;
-- ``serial``: ``ShardWriter`` as it was before sha256 ran beside the write (its ``data.py`` is
-  read from git: the parent of the commit that removed ``_owning``, which copied views);
-- ``writer``: ``ShardWriter`` as it is now (header + tensor buffers streamed, no joined copy,
-  sha256 in a thread while the temporary file is written, views written as they are);
-- ``serial_views`` / ``writer_views``: the same two fed what the extractor hands out, views of
-  one host buffer per engine step (``--step-samples`` samples each).
+``--dir /dev/shm`` (tmpfs) takes the disk out, so what is left is the writers' own CPU cost.
+Modes (default: plain, writer, writer_views, c_bf16, plain_fp8, c_fp8, c_fp8_encoded):
 
-Sixth session (the disk path on the H200 hosts ran at 0.67-0.74 of a plain write in bf16 and
-0.26-0.32 in FP8), only when named in ``--modes``:
-
-- ``plain_shards`` / ``plain_shards_kick``: the plain write cut into one file per shard, each
-  fsync'ed (the durability the writer gives), without / with the writeback kick
-  (``vllm_compat.locking.WRITEBACK_KICK_BYTES``: ``posix_fadvise(DONTNEED)`` every 32 MiB);
-- ``writer_nokick``: ``writer`` with the kick off;
-  ``writer_nohash``: diagnostic only, sha256 replaced by a constant (what hashing costs);
-- ``c_bf16``, ``c_fp8_serial``, ``c_fp8``: ``bench/gpu_extraction.py``'s ``DurableShardWriter``
-  (the GPU benchmark's path (c)) fed the samples: bf16; FP8 encoded on the writer thread (as
-  the sixth session's H200 run did); FP8 encoded on a thread of its own.
-
-    PYTHONPATH=src python bench/cpu_shard_writer.py --dir /data --mib 4096 --rounds 3 \
-        --samples-per-shard 16 --modes plain,plain_shards,plain_shards_kick,writer,writer_nokick,c_bf16,c_fp8_serial,c_fp8
-
-    PYTHONPATH=src python bench/cpu_shard_writer.py --dir /dev/shm --mib 512 --rounds 5
-
-``--dir /dev/shm`` (tmpfs) takes the disk out, so what is left is the writer's own CPU cost.
+- ``plain``: the samples' tensor bytes (bf16 states) written with one write loop + fsync;
+- ``writer``: ``ShardWriter`` called in the loop; ``writer_views``: the same fed views of one
+  host buffer per engine step (``--step-samples`` samples each), as the extractor hands them;
+- ``plain_shards`` / ``plain_shards_kick``: the plain write cut into one fsync'ed file per
+  shard, without / with early writeback (``posix_fadvise`` every
+  ``vllm_compat.locking.WRITEBACK_KICK_BYTES``, as ``atomic_write_bytes`` does);
+- ``writer_nokick``: ``writer`` with early writeback off; ``writer_nohash``: diagnostic only,
+  the shard digest replaced by a constant (what hashing costs);
+- ``c_bf16``: ``BackgroundShardWriter`` fed the bf16 samples (extraction's disk path);
+- ``plain_fp8``: the plain write of the FP8 dataset's bytes (states, scales, ids, masks);
+- ``c_fp8``: ``BackgroundShardWriter`` on an FP8 dataset fed bf16 samples, encoded on the CPU
+  by its encoding thread (states extracted in bf16);
+- ``c_fp8_encoded``: the same fed samples already in FP8 with their scales, as the extractor
+  hands them out when it encodes on the GPU (``states_dtype=torch.float8_e4m3fn``).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save as safetensors_bytes
 
-from vllm_compat.eagle3.data import ShardWriter
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from git_history import before_change, full_sha, module_at  # noqa: E402  (bench/ is not a package)
-
-DATA = "src/vllm_compat/eagle3/data.py"
 from vllm_compat import locking
-from vllm_compat.locking import atomic_write_bytes
+from vllm_compat.eagle3.data import BackgroundShardWriter, ShardWriter
+from vllm_compat.extract import fp8
 
 H, LAYERS, T = 2048, 4, 1024  # the 1.1B Llama's 4 captured layers, 1024-token samples
 
@@ -80,27 +65,6 @@ def run_plain(d: Path, data: list[dict[str, torch.Tensor]]) -> int:
     os.fsync(fd)
     os.close(fd)
     return n
-
-
-def run_before(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int) -> int:
-    n = 0
-    for k in range(0, len(data), per_shard):
-        tensors = {f"{i}.{key}": t for i, s in enumerate(data[k:k + per_shard]) for key, t in s.items()}
-        payload = safetensors_bytes(tensors)
-        hashlib.sha256(payload).hexdigest()
-        atomic_write_bytes(d / f"before-{k:05d}.safetensors", payload)
-        n += len(payload)
-    return n
-
-
-def previous_writer() -> tuple[type, str]:
-    """``ShardWriter`` just before the change that removed ``_owning`` (it copied views, and
-    hashed before writing)."""
-    rev = before_change("def _owning(", DATA)
-    if rev is None:
-        raise SystemExit("no commit with the serial ShardWriter in this clone's history")
-    mod = module_at(rev, DATA, "vllm_compat.eagle3._data_serial", package="vllm_compat.eagle3")
-    return mod.ShardWriter, full_sha(rev)
 
 
 def as_views(data: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, torch.Tensor]]:
@@ -160,62 +124,69 @@ def run_writer_nokick(d: Path, data: list[dict[str, torch.Tensor]], per_shard: i
         locking.WRITEBACK_KICK_BYTES = old
 
 
-def run_durable(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int, fp8: bool,
-                encode_thread: bool = True) -> int:
-    """The GPU benchmark's path (c) writer, fed the samples as the extraction loop does."""
-    from gpu_extraction import DurableShardWriter
-    w = DurableShardWriter(d / "ds", hidden_size=H, layer_ids=[1, 2, 3, 4], fp8=fp8,
-                           samples_per_shard=per_shard, max_queue=4 * per_shard,
-                           encode_thread=encode_thread)
+def run_background(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int,
+                   dtype: torch.dtype) -> int:
+    """Extraction's disk path: ``BackgroundShardWriter`` fed the samples; every file durable
+    when ``close()`` returns. Returns the files' bytes."""
+    w = BackgroundShardWriter(_writer(d, per_shard, dtype), max_queue=4 * per_shard)
     for s in data:
-        w.put(s["input_ids"], s["hidden_states"])
+        w.add(s)
     w.close()
-    return w.file_bytes()
+    return sum(p.stat().st_size for p in (d / "ds").iterdir() if p.is_file())
 
 
-def run_writer(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int,
-               cls: type = ShardWriter) -> int:
-    with cls(d / "ds", hidden_size=H, aux_layer_ids=[1, 2, 3], final_layer_id=4,
-                     dtype=torch.bfloat16, samples_per_shard=per_shard) as w:
+def _writer(d: Path, per_shard: int, dtype: torch.dtype = torch.bfloat16) -> ShardWriter:
+    return ShardWriter(d / "ds", hidden_size=H, aux_layer_ids=[1, 2, 3], final_layer_id=4,
+                       dtype=dtype, samples_per_shard=per_shard)
+
+
+def run_writer(d: Path, data: list[dict[str, torch.Tensor]], per_shard: int) -> int:
+    with _writer(d, per_shard) as w:
         for s in data:
             w.add(s)
     return sum(s["bytes"] for s in w.manifest.shards)
 
 
-def main() -> None:
+def encoded(data: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """The samples in FP8 with their scales, as the extractor hands them out (not timed)."""
+    out = []
+    for s in data:
+        q, scale = fp8.encode(s["hidden_states"])
+        out.append({**s, "hidden_states": q, fp8.SCALE_KEY: scale})
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/dev/shm")
-    ap.add_argument("--mib", type=int, default=512)
+    ap.add_argument("--mib", type=int, default=512, help="bf16 states to write per run")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--samples-per-shard", type=int, default=8)
     ap.add_argument("--step-samples", type=int, default=16, help="samples per engine-step buffer (views)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_shard_writer.json"))
+    ap.add_argument("--out", default="/tmp/vllm-compat-bench/cpu_shard_writer.json")
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
                     help=f"comma-separated, from {','.join(DEFAULT_MODES + EXTRA_MODES)}")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
     unknown = set(modes) - set(DEFAULT_MODES + EXTRA_MODES)
     if unknown:
         raise SystemExit(f"unknown modes {sorted(unknown)}")
     data = samples(a.mib)
     views = as_views(data, a.step_samples)
-    serial_cls, serial_rev = previous_writer() if {"serial", "serial_views"} & set(modes) \
-        else (None, None)
+    data8 = encoded(data)
     root = Path(a.dir) / "vllm-compat-shard-bench"
     per = a.samples_per_shard
     every = {"plain": lambda d: run_plain(d, data),
-             "before": lambda d: run_before(d, data, per),
-             "serial": lambda d: run_writer(d, data, per, serial_cls),
              "writer": lambda d: run_writer(d, data, per),
-             "serial_views": lambda d: run_writer(d, views, per, serial_cls),
              "writer_views": lambda d: run_writer(d, views, per),
              "plain_shards": lambda d: run_plain_shards(d, data, per, kick=False),
              "plain_shards_kick": lambda d: run_plain_shards(d, data, per, kick=True),
              "writer_nokick": lambda d: run_writer_nokick(d, data, per),
              "writer_nohash": lambda d: run_writer_nohash(d, data, per),
-             "c_bf16": lambda d: run_durable(d, data, per, fp8=False),
-             "c_fp8_serial": lambda d: run_durable(d, data, per, fp8=True, encode_thread=False),
-             "c_fp8": lambda d: run_durable(d, data, per, fp8=True)}
+             "c_bf16": lambda d: run_background(d, data, per, torch.bfloat16),
+             "plain_fp8": lambda d: run_plain(d, data8),
+             "c_fp8": lambda d: run_background(d, data, per, fp8.FP8_DTYPE),
+             "c_fp8_encoded": lambda d: run_background(d, data8, per, fp8.FP8_DTYPE)}
     fns = {m: every[m] for m in modes}
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in fns}
     for r in range(a.rounds):
@@ -226,29 +197,35 @@ def main() -> None:
             t0 = time.perf_counter()
             nbytes = fns[name](root)
             dt = time.perf_counter() - t0
-            runs[name].append({"round": r, "seconds": round(dt, 4), "MB_s": round(nbytes / dt / 1e6, 1)})
+            runs[name].append({"round": r, "seconds": round(dt, 4), "bytes": nbytes,
+                               "MB_s": round(nbytes / dt / 1e6, 1)})
     shutil.rmtree(root, ignore_errors=True)
-    med = {k: statistics.median(x["MB_s"] for x in v) for k, v in runs.items()}
-    ratios = {f"{x}_vs_{y}": round(med[x] / med[y], 3) for x, y in RATIOS if x in med and y in med}
     res = {"dir": a.dir, "mib": a.mib, "rounds": a.rounds, "samples_per_shard": a.samples_per_shard,
-           "step_samples": a.step_samples, "serial_from": serial_rev, "cpus": os.cpu_count(),
+           "step_samples": a.step_samples, "cpus": os.cpu_count(),
            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
            "writeback_kick_bytes": locking.WRITEBACK_KICK_BYTES, "loadavg": os.getloadavg(),
-           "runs": runs, "median_MB_s": med, **ratios}
+           "runs": runs, **summarize(runs)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
-    print(json.dumps({"median_MB_s": med, **ratios, "loadavg": res["loadavg"]}))
+    print(json.dumps({k: res[k] for k in ("median_MB_s", "ratios", "loadavg")}))
+    return res
 
 
-DEFAULT_MODES = ("plain", "before", "serial", "writer", "serial_views", "writer_views")
-EXTRA_MODES = ("plain_shards", "plain_shards_kick", "writer_nokick", "writer_nohash", "c_bf16",
-               "c_fp8_serial", "c_fp8")
-RATIOS = (("writer", "plain"), ("before", "plain"), ("writer", "before"), ("writer", "serial"),
-          ("writer_views", "serial_views"), ("plain_shards", "plain"),
-          ("plain_shards_kick", "plain_shards"), ("writer", "writer_nokick"),
-          ("writer", "plain_shards_kick"), ("c_bf16", "plain"), ("c_fp8", "c_fp8_serial"),
-          ("c_fp8", "plain"), ("writer_nohash", "writer"),
-          ("c_bf16", "plain_shards_kick"), ("c_fp8", "plain_shards_kick"))
+def summarize(runs: dict[str, list[dict[str, float]]]) -> dict:
+    """Median MB/s per mode and the ratios of the pairs in ``RATIOS`` that ran. The FP8 modes
+    against ``plain_fp8`` compare throughput of the same bytes."""
+    med = {k: statistics.median(x["MB_s"] for x in v) for k, v in runs.items() if v}
+    ratios = {f"{x}/{y}": round(med[x] / med[y], 3) for x, y in RATIOS if x in med and y in med}
+    return {"median_MB_s": med, "ratios": ratios}
+
+
+DEFAULT_MODES = ("plain", "writer", "writer_views", "c_bf16", "plain_fp8", "c_fp8", "c_fp8_encoded")
+EXTRA_MODES = ("plain_shards", "plain_shards_kick", "writer_nokick", "writer_nohash")
+RATIOS = (("writer", "plain"), ("writer_views", "writer"), ("c_bf16", "plain"),
+          ("c_fp8", "plain_fp8"), ("c_fp8_encoded", "plain_fp8"), ("c_fp8_encoded", "c_fp8"),
+          ("plain_shards", "plain"), ("plain_shards_kick", "plain_shards"),
+          ("writer", "writer_nokick"), ("writer", "plain_shards_kick"),
+          ("c_bf16", "plain_shards_kick"), ("writer_nohash", "writer"))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """GPU benchmark: prefill hidden-state extraction vs plain vLLM, HF transformers and vLLM's own.
 
-    python bench/gpu_extraction.py --model llama-1b --out bench/results
-    python bench/gpu_extraction.py --model llama-8b --out bench/results --modes a,e
-    python bench/gpu_extraction.py --model llama-8b --out bench/results --modes b,c,d --merge
+    python -m bench.gpu_extraction --model llama-1b --out OUT
+    python -m bench.gpu_extraction --model llama-8b --out OUT --modes a,e
+    python -m bench.gpu_extraction --model llama-8b --out OUT --modes b,c,d --merge
 
 One process per model; the modes run one after another, each with its own engine (``b`` and
 ``c`` share one), freed before the next starts:
@@ -10,78 +10,76 @@ One process per model; the modes run one after another, each with its own engine
   a  vLLM ``LLM.generate(max_tokens=1)`` on token-id prompts: the prefill ceiling.
   b  ``vllm_compat.extract.HiddenStatesExtractor`` (EAGLE-3 default layers + final), results
      kept in host memory.
-  c  the same written with ``ShardWriter`` in bf16 and in FP8 (e4m3, one scale per sample and
-     layer, stored as ``hidden_states_scale``), each shard fsync'ed, timed until every file
-     is durable; next to it a plain sequential write + fsync of the same bytes, same folder.
+  c  the same written to disk with ``BackgroundShardWriter`` + ``ShardWriter`` (every file
+     fsync'ed), timed until every file is durable, in bf16 and in FP8 (e4m3 + a float32
+     scale per token and layer, encoded on the GPU by the extractor); interleaved with each
+     run, a plain sequential write + fsync of the same number of bytes in the same folder
+     (``disk_*``). What binds is min(b, disk): the summary's ``c_limits`` holds
+     ``c / min(b, disk)`` per dtype and workload, best runs and run by run.
   d  HF transformers forward (sdpa, batched by length, ``output_hidden_states``, states
      copied to host).
   e  vLLM's ``extract_hidden_states`` + ``ExampleHiddenStatesConnector``: until
      ``generate()`` returns, until every file is written (lock released) and until fsync'ed.
-  a_sync (only when named) (a) with the extractor's engine settings before the sixth session
-     (in-process engine core, ``async_scheduling=False``; at TP=1 the extractor now builds
-     its engine with async scheduling): tells engine settings apart from its overhead.
-  b_sync (only when named) (b) on b's engine with ``overlap_copy`` off (the blocking copy of
-     each step's states that (b) used before the overlap): the overlap's gain, side by side.
+  a_sync (only when named) (a) with an in-process engine core and ``async_scheduling=False``
+     (what the extractor's engine does at TP > 1): engine settings apart from extractor cost.
+  b_sync (only when named) (b) on b's engine with ``overlap_copy`` off (a blocking copy of
+     each step's states): what the overlapped copy gains, side by side.
   b_lockstep (only when named) (b) on b's engine with ``launch_ahead`` off: each step is
-     scheduled only once the previous step's sampled tokens are in (the loop before the
-     pipelined default; ``b_ahead`` in results of the fifth session and earlier was the
-     first, partial launch-ahead, since made the default and then replaced).
+     scheduled only once the previous step's sampled tokens are in.
+  c_cpu (only when named) (c) in FP8 with the states copied in bf16 and encoded on the CPU
+     by the writer's encoding thread: what encoding on the GPU gains.
 
 Workloads (seeded): ``--num-prompts`` (128) prompts x 1024 random token ids, and
 ``--mixed-prompts`` (128) prompts of lengths uniform in 64..2048. Each is warmed up (first
 ``--warmup-prompts`` prompts, not timed) and timed
 ``--repeats`` times; tok/s = prompt tokens / wall seconds; ratios use the best run.
 Results: ``<out>/gpu_extraction-<model>.json`` (rewritten after every run, so a killed run
-leaves what it had) and ``<out>/gpu_extraction-<model>.png`` (``bench/plot_gpu_extraction.py``
-renders it again from the JSON where matplotlib is missing).
+leaves what it had) and ``<out>/gpu_extraction-<model>.png`` (``python -m
+bench.plot_gpu_extraction`` renders it again from the JSON where matplotlib is missing).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import gc
 import json
 import os
 import platform
-import queue
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import traceback
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-import gpu_models  # noqa: E402  (bench/ is not a package)
+from . import gpu_models
 
+ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "vllm-compat-gpu-extraction/1"
 MODES = ("a", "b", "c", "d", "e")
-EXTRA_MODES = ("a_sync", "b_sync", "b_lockstep")  # diagnostics, only when asked for
+EXTRA_MODES = ("a_sync", "b_sync", "b_lockstep", "c_cpu")  # diagnostics, only when asked for
 # Engines in their own process first, in-process ones (CUDA in this process) last.
-# (b) right after (a): b/a is the number this benchmark exists for, and a budget cut should
-# fall on the others (the H200 run of 2026-11-29, 4th session, lost b to the budget twice).
-# c follows b/b_sync on the extractor's engine, which closes before e starts its own.
-RUN_ORDER = ("a", "b", "b_lockstep", "b_sync", "c", "e", "a_sync", "d")
+# (b) right after (a): b/a is the number this benchmark exists for, and a time budget should
+# cut the others first. c and c_cpu follow b on the extractor's engine, which closes before
+# e starts its own.
+RUN_ORDER = ("a", "b", "b_lockstep", "b_sync", "c", "c_cpu", "e", "a_sync", "d")
 DESCRIPTION = {
     "a": "vLLM generate(max_tokens=1), prefill ceiling",
-    "a_sync": "(a) in-process with async_scheduling=False (the extractor's settings until the sixth session)",
+    "a_sync": "(a) in-process with async_scheduling=False (the extractor's engine settings at TP > 1)",
     "b": "vllm_compat extraction into host memory",
     "b_sync": "(b) on the same engine with overlap_copy off: a blocking device->host copy per step",
     "b_lockstep": "(b) on the same engine with launch_ahead off: one step in flight at a time",
-    "c": "vllm_compat extraction written to disk (ShardWriter, fsync)",
+    "c": "vllm_compat extraction written to disk (ShardWriter, fsync), bf16 and FP8 (GPU-encoded)",
+    "c_cpu": "(c) in FP8 encoded on the CPU by the writer's encoding thread",
     "d": "HF transformers forward, output_hidden_states, sdpa",
     "e": "vLLM extract_hidden_states + ExampleHiddenStatesConnector",
 }
-FP8_MAX = 448.0  # torch.float8_e4m3fn
 TARGETS = {"b/a": 0.95, "b/e": 1.4}
+C_TARGET = 0.95  # to disk: c >= 0.95 x min(b, disk) per dtype
 PEAK_TFLOPS = 790.0  # H200 bf16, measured (8192^3 matmul, random data)
 
 
@@ -101,7 +99,8 @@ def parse_modes(text: str) -> list[str]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, choices=sorted(gpu_models.SPECS))
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--out", default="/tmp/vllm-compat-bench/results",
+                    help="folder for the JSON and the chart")
     ap.add_argument("--modes", type=parse_modes, default=list(MODES),
                     help="e.g. a,b,c,d,e (default all); a_sync: (a) with the extractor's "
                          "engine settings, to split engine settings from extractor overhead")
@@ -157,8 +156,9 @@ def make_workloads(num_prompts: int, prompt_len: int, mixed_prompts: int, mixed_
 
 
 def bytes_per_token(n_layers: int, hidden: int) -> dict[str, float]:
-    """Hidden-state bytes per token (what crosses to host / goes to disk), per dtype."""
-    return {"bf16": float(n_layers * hidden * 2), "fp8": float(n_layers * hidden * 1)}
+    """Hidden-state bytes per token (what crosses to host / goes to disk), per dtype; FP8
+    with its float32 scale per token and layer."""
+    return {"bf16": float(n_layers * hidden * 2), "fp8": float(n_layers * (hidden + 4))}
 
 
 def ceiling(params: dict[str, int], peak_tflops: float) -> dict[str, Any]:
@@ -205,44 +205,60 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     targets = {f"{k} >= {v}": {wl: (None if ratios[k][wl] is None else ratios[k][wl] >= v)
                                for wl in wls} for k, v in TARGETS.items()}
     ceil = (res.get("ceiling") or {}).get("tok_s")
-    limits: dict[str, Any] = {}
-    for dt in ("bf16", "fp8"):
-        limits[dt] = {}
-        for wl in wls:
-            engine, disk, got = t("a", wl), t(f"disk_{dt}", wl), t(f"c_{dt}", wl)
-            cands = {k: v for k, v in (("engine", engine), ("disk", disk)) if v}
-            bind = min(cands, key=cands.get) if cands else None
-            limits[dt][wl] = {
-                "engine_tok_s": engine, "disk_tok_s": disk, "binding": bind,
-                "c_tok_s": got, "c_over_binding": _ratio(got, cands.get(bind)) if bind else None}
-    return {"tok_s_best": tok, "ratios": ratios, "targets": targets, "c_limits": limits,
+    return {"tok_s_best": tok, "ratios": ratios, "targets": targets,
+            "c_limits": c_limits(res, wls, t),
             "a_over_ceiling": {wl: _ratio(t("a", wl), ceil) for wl in wls}}
 
 
-# --------------------------------------------------------------------------- FP8
+# (c) series -> the plain write of the same bytes it is held against
+C_SERIES = {"bf16": ("c_bf16", "disk_bf16"), "fp8": ("c_fp8", "disk_fp8"),
+            "fp8_cpu": ("c_fp8_cpu", "disk_fp8")}
 
 
-def fp8_encode(hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[T, n, H]`` -> (float8_e4m3fn ``[T, n, H]``, float32 scale ``[n]``), one scale per layer.
-
-    ``x ~= q.float() * scale``: relative error <= 2^-4 for |x| >= 2^-6 * scale (normal
-    range), absolute <= 2^-10 * scale below it (subnormals), plus the bf16 input's rounding.
-    """
-    # amax on the input dtype (|x| of a bf16 is a bf16: exact) and the division promoting
-    # to float32 in one pass: the same bytes as going through hs.float() first, 1.45x
-    # faster on the CPU (the H200 run's writer thread spent 1.1-1.7 s per GB encoding)
-    amax = hs.abs().amax(dim=(0, 2)).float()
-    scale = (amax / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    q = (hs / scale[None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, scale
+def _runs(res: dict[str, Any], name: str, wl: str) -> list[dict[str, Any]]:
+    for mode in (res.get("modes") or {}).values():
+        runs = ((mode.get("series") or {}).get(name) or {}).get(wl)
+        if runs:
+            return [r for r in runs if r.get("tok_s")]
+    return []
 
 
-def fp8_decode(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16
-               ) -> torch.Tensor:
-    return (q.float() * scale.float()[None, :, None]).to(dtype)
+def c_limits(res: dict[str, Any], wls: Sequence[str],
+             t: Callable[[str, str], float | None]) -> dict[str, Any]:
+    """Per dtype and workload: what binds the disk path, in-memory extraction (b) or the
+    disk (a plain write + fsync of the same bytes: tok/s = its bytes/s / bytes per token),
+    and ``c / min(b, disk)``: of the best runs, and run by run (run r of c against run r of
+    the plain write, which ran right after it, and the best b)."""
+    limits: dict[str, Any] = {}
+    for dt, (c_name, disk_name) in C_SERIES.items():
+        for wl in wls:
+            got, mem, disk = t(c_name, wl), t("b", wl), t(disk_name, wl)
+            if not got:
+                continue
+            cands = {k: v for k, v in (("in_memory", mem), ("disk", disk)) if v}
+            bind = min(cands, key=cands.get) if cands else None
+            disk_runs = {r["run"]: r["tok_s"] for r in _runs(res, disk_name, wl)}
+            per_run = [_ratio(r["tok_s"], min(mem, disk_runs[r["run"]])) if mem and
+                       r["run"] in disk_runs else None for r in _runs(res, c_name, wl)]
+            best = _ratio(got, cands.get(bind)) if bind else None
+            limits.setdefault(dt, {})[wl] = {
+                "in_memory_tok_s": mem, "disk_tok_s": disk, "binding": bind, "c_tok_s": got,
+                "c_over_binding": best, "c_over_binding_runs": per_run,
+                f"meets_{C_TARGET}": None if best is None else best >= C_TARGET}
+    return limits
 
 
 # --------------------------------------------------------------------------- disk
+
+
+def plain_write_bytes(wrote: dict[tuple[str, int], int], tag: str, prompts: Sequence[Sequence[int]],
+                      bpt: float) -> int:
+    """What the plain write beside a (c) run writes: the bytes that run wrote (``wrote``,
+    keyed by dtype and token count); before any (c) run of these prompts (the warm-up), an
+    estimate: the states plus int64 ids and a bool mask per token, ~4 KiB of headers per
+    sample."""
+    tokens = sum(map(len, prompts))
+    return wrote.get((tag, tokens)) or int(tokens * (bpt + 9) + len(prompts) * 4096)
 
 
 def _fsync_path(path: str | os.PathLike[str]) -> None:
@@ -277,131 +293,6 @@ def disk_write(path: str | os.PathLike[str], nbytes: int, chunk: int = 64 << 20)
     return dt
 
 
-class DurableShardWriter:
-    """``ShardWriter`` fed from a background thread; every shard fsync'ed as it lands.
-
-    ``fp8=True`` stores ``hidden_states`` as float8_e4m3fn with a ``hidden_states_scale``
-    (float32 ``[n_layers]``) per sample: ShardWriter keeps extra sample tensors as they are.
-    ``close()`` returns once every file (shards, manifest, the folder entry) is durable.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str], *, hidden_size: int,
-                 layer_ids: Sequence[int], fp8: bool, samples_per_shard: int,
-                 max_queue: int = 64, encode_thread: bool = True) -> None:
-        from vllm_compat.eagle3.data import ShardWriter
-        self.dir = Path(directory)
-        self.fp8 = fp8
-        self.writer = ShardWriter(
-            self.dir, hidden_size=hidden_size, aux_layer_ids=list(layer_ids[:-1]),
-            final_layer_id=layer_ids[-1], samples_per_shard=samples_per_shard,
-            dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16,
-            target={"benchmark": "gpu_extraction",
-                    "scale": "per sample and layer" if fp8 else None})
-        self.busy = {"encode_s": 0.0, "write_s": 0.0, "fsync_s": 0.0}
-        self.error: BaseException | None = None
-        self._q: queue.Queue = queue.Queue(maxsize=max_queue)
-        self._thread = threading.Thread(target=self._run, name="bench-shard-writer", daemon=True)
-        self._thread.start()
-        # FP8: encode on a thread of its own, so encoding one sample overlaps writing the last
-        # (torch releases the GIL); the H200 run of the sixth session had both on the writer
-        # thread, 4.4 s encoding + 3.9 s writing per 8.6 GB of bf16 states, one after the other
-        self._enc_q: queue.Queue | None = None
-        if fp8 and encode_thread:
-            self._enc_q = queue.Queue(maxsize=max_queue)
-            self._encoder = threading.Thread(target=self._encode_loop, name="bench-fp8-encode",
-                                             daemon=True)
-            self._encoder.start()
-
-    def put(self, token_ids: torch.Tensor, hidden_states: torch.Tensor) -> None:
-        if self.error is not None:
-            raise RuntimeError("shard writer failed") from self.error
-        (self._enc_q or self._q).put((token_ids, hidden_states))
-
-    def _encode_loop(self) -> None:
-        assert self._enc_q is not None
-        while True:
-            item = self._enc_q.get()
-            if item is None:
-                self._q.put(None)
-                return
-            if self.error is not None:
-                continue  # keep draining so the producer never blocks
-            try:
-                ids, hs = item
-                t0 = time.perf_counter()
-                encoded = fp8_encode(hs)
-                self.busy["encode_s"] += time.perf_counter() - t0
-                self._q.put((ids, encoded))
-            except BaseException as e:  # noqa: BLE001 - surfaced by put()/close()
-                self.error = e
-
-    def _sync_new(self, before: int) -> None:
-        t0 = time.perf_counter()
-        for s in self.writer.manifest.shards[before:]:
-            _fsync_path(self.dir / s["file"])
-        self.busy["fsync_s"] += time.perf_counter() - t0
-
-    def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            if self.error is not None:
-                continue  # keep draining so the producer never blocks
-            try:
-                ids, hs = item
-                sample = {"input_ids": ids, "loss_mask": torch.ones(len(ids), dtype=torch.bool)}
-                t0 = time.perf_counter()
-                if isinstance(hs, tuple):  # encoded by the encoder thread
-                    sample["hidden_states"], sample["hidden_states_scale"] = hs
-                elif self.fp8:
-                    sample["hidden_states"], sample["hidden_states_scale"] = fp8_encode(hs)
-                else:
-                    sample["hidden_states"] = hs
-                t1 = time.perf_counter()
-                before = len(self.writer.manifest.shards)
-                self.writer.add(sample)
-                self.busy["encode_s"] += t1 - t0
-                self.busy["write_s"] += time.perf_counter() - t1
-                self._sync_new(before)
-            except BaseException as e:  # noqa: BLE001 - surfaced by put()/close()
-                self.error = e
-
-    def close(self) -> Any:
-        if self._enc_q is not None:
-            self._enc_q.put(None)  # the encoder passes it on once it has drained
-            self._encoder.join()
-        else:
-            self._q.put(None)
-        self._thread.join()
-        if self.error is not None:
-            with contextlib.suppress(Exception):
-                self.writer.close()  # releases the folder lock (newer ShardWriters hold one)
-            raise RuntimeError("shard writer failed") from self.error
-        before = len(self.writer.manifest.shards)
-        t0 = time.perf_counter()
-        manifest = self.writer.close()
-        self.busy["write_s"] += time.perf_counter() - t0
-        self._sync_new(before)
-        t0 = time.perf_counter()
-        _fsync_path(self.dir / "manifest.json")
-        _fsync_path(self.dir)
-        self.busy["fsync_s"] += time.perf_counter() - t0
-        return manifest
-
-    def file_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.dir.iterdir() if p.is_file())
-
-
-def read_first_sample(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """Sample 0 of a shard folder, read with safetensors directly (any dtype, fp8 included)."""
-    from safetensors import safe_open
-    d = Path(directory)
-    first = json.loads((d / "manifest.json").read_text())["shards"][0]["file"]
-    with safe_open(str(d / first), framework="pt") as f:
-        return {k[2:]: f.get_tensor(k) for k in f.keys() if k.startswith("0.")}
-
-
 # --------------------------------------------------------------------------- engines
 
 
@@ -427,14 +318,6 @@ def _gpu_name() -> str | None:
         return None
 
 
-def _reset_vllm_envs_cache() -> None:
-    with contextlib.suppress(Exception):
-        import vllm.envs as envs
-        fn = getattr(envs, "disable_envs_cache", None)
-        if fn is not None:
-            fn()
-
-
 def engine_info(llm: Any) -> dict[str, Any]:
     info: dict[str, Any] = {}
     vc = getattr(llm.llm_engine, "vllm_config", None)
@@ -456,7 +339,9 @@ def engine_info(llm: Any) -> dict[str, Any]:
 def make_llm(ckpt: str, args: argparse.Namespace, **extra: Any) -> tuple[Any, float]:
     """A plain ``vllm.LLM`` as a user builds one (no tokenizer: random checkpoints)."""
     from vllm import LLM
-    _reset_vllm_envs_cache()
+
+    from vllm_compat.runtime.extraction import reset_envs_cache
+    reset_envs_cache()  # a previous engine froze vLLM's environment reads
     kw = dict(model=ckpt, skip_tokenizer_init=True, enable_prefix_caching=False, seed=0,
               dtype="bfloat16", max_model_len=args.max_model_len,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
@@ -467,37 +352,14 @@ def make_llm(ckpt: str, args: argparse.Namespace, **extra: Any) -> tuple[Any, fl
 
 
 def shutdown_llm(llm: Any) -> None:
-    """vLLM 0.26 has no LLM.shutdown: stop the engine core (its process, if any), then free."""
-    if llm is None:
-        return
-    with contextlib.suppress(Exception):
-        llm.llm_engine.engine_core.shutdown()
-    del llm
-    free_memory()
+    from vllm_compat.runtime.llm import close_llm
+    close_llm(llm)
 
 
 def free_memory() -> None:
-    gc.collect()
-    with contextlib.suppress(Exception):
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-        cleanup_dist_env_and_memory()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
-@contextlib.contextmanager
-def _env(**values: str) -> Any:
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        from vllm_compat.runtime.llm import free_gpu_memory
+        free_gpu_memory()
 
 
 def _sampling() -> Any:
@@ -508,40 +370,6 @@ def _sampling() -> Any:
 def _token_prompts(prompts: Sequence[Sequence[int]]) -> list[Any]:
     from vllm.inputs import TokensPrompt
     return [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-
-
-def wait_files_written(paths: Sequence[str], llm: Any, timeout: float) -> None:
-    """Until the connector released each file's ``.lock`` (0.22.1+; no lock: file exists).
-
-    A separate engine-core process keeps stepping (and writing) on its own; an in-process
-    one (VLLM_ENABLE_V1_MULTIPROCESSING=0) is stepped here, as it would otherwise stall.
-    """
-    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
-    pending = list(paths)
-    deadline = time.monotonic() + timeout
-    while pending:
-        still = []
-        for p in pending:
-            lock = p + ".lock"
-            if not os.path.exists(lock):
-                if not os.path.exists(p):
-                    still.append(p)
-                continue
-            with open(lock) as lf:
-                try:
-                    fcntl.flock(lf, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    fcntl.flock(lf, fcntl.LOCK_UN)
-                except BlockingIOError:
-                    still.append(p)
-        pending = still
-        if not pending:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(pending)} hidden-state files not written after {timeout} s")
-        if core is not None and core.scheduler.has_requests():
-            core.step()
-        else:
-            time.sleep(0.002)
 
 
 # --------------------------------------------------------------------------- HF (d)
@@ -648,10 +476,12 @@ class Bench:
         out: dict[str, Any] = {}
         base = self.refs.get("b")
         for name, other in (("d_vs_b", "d"), ("e_vs_b", "e"), ("c_fp8_vs_b", "c_fp8"),
+                            ("c_bf16_vs_b", "c_bf16"), ("c_fp8_cpu_vs_c_fp8", "c_fp8_cpu"),
                             ("d_vs_e", "d"), ("b_sync_vs_b", "b_sync"),
                             ("b_lockstep_vs_b", "b_lockstep")):
             x = self.refs.get(other)
-            ref = self.refs.get("e") if name == "d_vs_e" else base
+            ref = {"d_vs_e": self.refs.get("e"),
+                   "c_fp8_cpu_vs_c_fp8": self.refs.get("c_fp8")}.get(name, base)
             if x is None or ref is None or x.shape != ref.shape:
                 continue
             xf, rf = x.float(), ref.float()
@@ -671,8 +501,8 @@ class Bench:
             ckpt = a.ckpt_dir or f"/tmp/vllm-compat-bench/{a.model}"
             t0 = time.perf_counter()
             proc = subprocess.run(
-                [sys.executable, str(HERE / "gpu_models.py"), "--model", a.model, "--out", ckpt,
-                 "--device", a.device], capture_output=True, text=True)
+                [sys.executable, "-m", "bench.gpu_models", "--model", a.model, "--out", ckpt,
+                 "--device", a.device], capture_output=True, text=True, cwd=ROOT)
             if proc.returncode != 0:
                 raise RuntimeError(f"checkpoint build failed:\n{proc.stderr[-4000:]}")
             build = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -680,7 +510,9 @@ class Bench:
             build["wall_s"] = round(time.perf_counter() - t0, 1)
         self.ckpt = str(ckpt)
         from vllm_compat.extract.layers import (
-            eagle3_default_layers, hidden_size_from_config, num_layers_from_config,
+            eagle3_default_layers,
+            hidden_size_from_config,
+            num_layers_from_config,
             read_model_config,
         )
         cfg = read_model_config(self.ckpt)
@@ -797,8 +629,12 @@ class Bench:
             shutdown_llm(llm)
 
     def mode_a_sync(self) -> None:
-        with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+        from vllm_compat.runtime.extraction import restore_env, set_env
+        old = set_env(VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        try:
             self.mode_a("a_sync", async_scheduling=False)
+        finally:
+            restore_env(old)
 
     def mode_e(self) -> None:
         if self.cfg.get("kv_lora_rank") or (self.cfg.get("text_config") or {}).get("kv_lora_rank"):
@@ -820,7 +656,7 @@ class Bench:
         rec = self.res["modes"]["e"]
         try:  # vLLM's defaults, as a user gets them (async scheduling: on for this method)
             llm, start = make_llm(self.ckpt, self.args, **native)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if "async" not in str(e).lower():
                 raise
             rec["first_attempt_error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -838,7 +674,8 @@ class Bench:
                 paths = [(o.kv_transfer_params or {}).get("hidden_states_path") for o in outs]
                 if any(p is None for p in paths):
                     raise RuntimeError("an output lacks kv_transfer_params['hidden_states_path']")
-                wait_files_written(paths, llm, self.args.drain_timeout_s)
+                from vllm_compat.runtime.extraction import wait_hidden_states_saved
+                wait_hidden_states_saved(paths, llm, self.args.drain_timeout_s)
                 t_drain = time.perf_counter() - t0
                 for p in paths:
                     _fsync_path(p)
@@ -898,7 +735,7 @@ class Bench:
     def mode_b(self, mode: str = "b", overlap_copy: bool = True,
                launch_ahead: bool | None = None) -> None:
         ex = self._extractor()
-        session = ex._engine
+        engine = ex._engine
         rec = self.res["modes"][mode]
         rec.update(startup_s=self.extractor_startup if mode == "b" else 0.0,
                    extractor=self.extractor_info, overlap_copy=overlap_copy,
@@ -906,8 +743,8 @@ class Bench:
 
         def run(prompts: list[list[int]]) -> dict[str, Any]:
             keep: list[torch.Tensor] = []
-            before = dict(session.phase_s)
-            steps0 = session.num_steps
+            before = dict(engine.phase_s)
+            steps0 = engine.num_steps
             t0 = time.perf_counter()
             for s in ex.extract(prompts):
                 keep.append(s.hidden_states)
@@ -917,20 +754,20 @@ class Bench:
                 self.refs[mode] = keep[0].clone()
             if [h.shape[0] for h in keep] != [len(p) for p in prompts]:
                 raise RuntimeError("extracted token counts differ from the prompts")
-            phases = {k: round(v - before.get(k, 0.0), 4) for k, v in session.phase_s.items()}
-            return {"times": {mode: dt}, "bytes": nbytes, "steps": session.num_steps - steps0,
+            phases = {k: round(v - before.get(k, 0.0), 4) for k, v in engine.phase_s.items()}
+            return {"times": {mode: dt}, "bytes": nbytes, "steps": engine.num_steps - steps0,
                     "phase_s": phases,  # this run's wall seconds per step() phase
                     "outside_step_s": round(dt - sum(phases.values()), 4)}
 
-        old = session.overlap_copy, session.launch_ahead
-        session.overlap_copy = overlap_copy and session._in_process_worker
+        old = engine.overlap_copy, engine.launch_ahead
+        engine.overlap_copy = overlap_copy and engine._in_process_worker
         if launch_ahead is not None:  # None: the extractor's default
-            session.launch_ahead = launch_ahead
-        rec["launch_ahead"] = session.launch_ahead
+            engine.launch_ahead = launch_ahead
+        rec["launch_ahead"] = engine.launch_ahead
         try:
             self.measure(mode, {mode: run})
         finally:
-            session.overlap_copy, session.launch_ahead = old
+            engine.overlap_copy, engine.launch_ahead = old
 
     def mode_b_sync(self) -> None:
         self.mode_b("b_sync", overlap_copy=False)
@@ -938,56 +775,76 @@ class Bench:
     def mode_b_lockstep(self) -> None:
         self.mode_b("b_lockstep", launch_ahead=False)
 
-    def mode_c(self) -> None:
+    def mode_c(self, mode: str = "c") -> None:
+        """To disk, interleaved with a plain write of the bytes each run wrote (same folder)."""
+        from vllm_compat.eagle3.data import BackgroundShardWriter, HiddenStatesDataset, ShardWriter
+        from vllm_compat.extract.fp8 import FP8_DTYPE
+
         shared = self.extractor is not None
         ex = self._extractor()
         a = self.args
-        rec = self.res["modes"]["c"]
+        rec = self.res["modes"][mode]
         rec.update(startup_s=0.0 if shared else self.extractor_startup,
                    engine_shared_with_b=shared, scratch=str(self.scratch),
-                   fp8_format="float8_e4m3fn, scale float32 per (sample, layer) in "
-                              "hidden_states_scale: x ~= q * scale")
+                   fp8_format="float8_e4m3fn hidden_states + float32 hidden_states_scale per "
+                              "token and layer: x ~= q * scale[..., None]",
+                   fp8_encoded_on="GPU (extractor states_dtype)" if mode == "c" else
+                                  "CPU (the writer's encoding thread)")
         self.scratch.mkdir(parents=True, exist_ok=True)
-        bpt = bytes_per_token(len(self.layer_ids), self.H)
+        wrote: dict[tuple[str, int], int] = {}  # (dtype, tokens) -> bytes of the last c run
 
-        def extract_to_disk(fp8: bool) -> Callable[[list[list[int]]], dict[str, Any]]:
-            tag = "fp8" if fp8 else "bf16"
-
+        def extract_to_disk(name: str, fp8: bool, gpu_encode: bool
+                            ) -> Callable[[list[list[int]]], dict[str, Any]]:
             def run(prompts: list[list[int]]) -> dict[str, Any]:
-                d = self.scratch / f"c-{tag}"
+                d = self.scratch / name
                 shutil.rmtree(d, ignore_errors=True)
                 os.sync()
+                ex.states_dtype = FP8_DTYPE if fp8 and gpu_encode else None
                 t0 = time.perf_counter()
-                w = DurableShardWriter(d, hidden_size=self.H, layer_ids=self.layer_ids, fp8=fp8,
-                                       samples_per_shard=a.samples_per_shard,
-                                       max_queue=4 * a.samples_per_shard)
-                for s in ex.extract(prompts):
-                    w.put(s.token_ids, s.hidden_states)
-                t_ext = time.perf_counter() - t0
-                w.close()
+                w = BackgroundShardWriter(ShardWriter(
+                    d, hidden_size=self.H, aux_layer_ids=list(self.layer_ids[:-1]),
+                    final_layer_id=self.layer_ids[-1], samples_per_shard=a.samples_per_shard,
+                    dtype=FP8_DTYPE if fp8 else torch.bfloat16,
+                    target={"benchmark": "gpu_extraction"}), max_queue=4 * a.samples_per_shard)
+                try:
+                    for s in ex.extract(prompts):
+                        w.add({"input_ids": s.token_ids,
+                               "loss_mask": torch.ones(len(s.token_ids), dtype=torch.bool),
+                               **s.states()})
+                    t_ext = time.perf_counter() - t0
+                finally:
+                    w.close()  # every shard and the manifest fsync'ed
+                    ex.states_dtype = None
                 dt = time.perf_counter() - t0
-                nbytes = w.file_bytes()
-                if fp8 and self._is_ref(prompts, "c_fp8"):
-                    s0 = read_first_sample(d)
-                    self.refs["c_fp8"] = fp8_decode(s0["hidden_states"], s0["hidden_states_scale"])
+                nbytes = sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+                wrote[("fp8" if fp8 else "bf16", sum(map(len, prompts)))] = nbytes
+                if self._is_ref(prompts, name):
+                    self.refs[name] = HiddenStatesDataset(d)[0]["hidden_states"]  # decoded
                 shutil.rmtree(d, ignore_errors=True)
-                return {"times": {f"c_{tag}": dt, f"c_{tag}_extract_loop": t_ext},
-                        "bytes": nbytes, "writer_busy_s": {k: round(v, 3)
-                                                           for k, v in w.busy.items()}}
+                return {"times": {name: dt, f"{name}_extract_loop": t_ext}, "bytes": nbytes,
+                        "writer_busy_s": {k: round(v, 3) for k, v in w.busy.items()}}
             return run
 
         def plain_write(tag: str) -> Callable[[list[list[int]]], dict[str, Any]]:
+            bpt = bytes_per_token(len(self.layer_ids), self.H)[tag]
+
             def run(prompts: list[list[int]]) -> dict[str, Any]:
-                n = len(prompts)
-                # the states + int64 ids + bool mask per token, ~4 KiB of headers per sample
-                nbytes = int(sum(map(len, prompts)) * (bpt[tag] + 9) + n * 4096)
+                nbytes = plain_write_bytes(wrote, tag, prompts, bpt)
                 os.sync()
                 dt = disk_write(self.scratch / f"disk-{tag}.bin", nbytes)
                 return {"times": {f"disk_{tag}": dt}, "bytes": nbytes}
             return run
 
-        self.measure("c", {"c_bf16": extract_to_disk(False), "disk_bf16": plain_write("bf16"),
-                           "c_fp8": extract_to_disk(True), "disk_fp8": plain_write("fp8")})
+        if mode == "c":
+            self.measure(mode, {"c_bf16": extract_to_disk("c_bf16", False, False),
+                                "disk_bf16": plain_write("bf16"),
+                                "c_fp8": extract_to_disk("c_fp8", True, True),
+                                "disk_fp8": plain_write("fp8")})
+        else:
+            self.measure(mode, {"c_fp8_cpu": extract_to_disk("c_fp8_cpu", True, False)})
+
+    def mode_c_cpu(self) -> None:
+        self.mode_c("c_cpu")
 
     def mode_d(self) -> None:
         t0 = time.perf_counter()
@@ -1018,11 +875,10 @@ class Bench:
         done = [m.get("wall_s", 0) for k, m in self.res["modes"].items()
                 if k in ("a", "e", "a_sync", "b") and m.get("status") == "ok"]
         # min, not max: a fresh host's first engine also pays one-time JIT builds (FlashInfer;
-        # 2026-11-29: 177 and 202 s against 31-54 s for the engines after it). 75 s before any
-        # engine ran: with VLLM_USE_FLASHINFER_SAMPLER=0 the first one started in 16-35 s (5th
-        # session), and the old 150 s guess skipped every mode of a 128 s budget
+        # on an H200 177 and 202 s against 31-54 s for the engines after it). 75 s before any
+        # engine ran: with VLLM_USE_FLASHINFER_SAMPLER=0 a first engine starts in 16-35 s
         engine = 1.1 * min(done) if done else 75.0
-        if mode == "c":
+        if mode in ("c", "c_cpu"):
             return 60.0 if self.extractor is not None else engine + 60.0
         if mode in ("b_lockstep", "b_sync") and self.extractor is not None:
             return 30.0  # b's engine, already started
@@ -1055,7 +911,7 @@ class Bench:
                 print(f"[mode {mode}] FAILED: {type(e).__name__}: {e}", file=sys.stderr)
                 self.close_extractor()  # a later b/c starts on a fresh engine
             rec["wall_s"] = round(time.monotonic() - t0, 1)
-            on_extractor = {"b", "b_lockstep", "b_sync", "c"}
+            on_extractor = {"b", "b_lockstep", "b_sync", "c", "c_cpu"}
             if mode in on_extractor and not (on_extractor & set(todo[todo.index(mode) + 1:])):
                 self.close_extractor()
             self.save()
@@ -1109,9 +965,11 @@ def table(res: dict[str, Any]) -> str:
     for dt, per in (s.get("c_limits") or {}).items():
         for wl, lim in per.items():
             if lim.get("c_tok_s"):
-                lines.append(f"c_{dt} {wl}: binding={lim['binding']} (engine "
-                             f"{_fmt(lim['engine_tok_s'])}, disk {_fmt(lim['disk_tok_s'])} tok/s), "
-                             f"c/binding {_fmt(lim['c_over_binding'], '.2f')}")
+                runs = " / ".join(_fmt(x, ".2f") for x in lim["c_over_binding_runs"])
+                lines.append(f"c_{dt} {wl}: binding={lim['binding']} (in memory "
+                             f"{_fmt(lim['in_memory_tok_s'])}, disk {_fmt(lim['disk_tok_s'])} "
+                             f"tok/s), c/min(b, disk) {_fmt(lim['c_over_binding'], '.2f')} "
+                             f"(runs {runs})")
     lines.append(f"bytes/token {res.get('bytes_per_token')} | cross-check "
                  f"{json.dumps(res.get('cross_check'))} | elapsed {res.get('elapsed_s')} s")
     return "\n".join(lines)
@@ -1132,13 +990,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"results: {bench.json_path}")
             if not args.no_plot:
                 try:
-                    import plot_gpu_extraction
+                    from . import plot_gpu_extraction
                     png = plot_gpu_extraction.plot([bench.json_path],
                                                    bench.json_path.with_suffix(".png"))
                     print(f"chart: {png}")
                 except Exception as e:  # noqa: BLE001 - e.g. no matplotlib on the GPU box
                     print(f"no chart ({type(e).__name__}: {e}); "
-                          "run bench/plot_gpu_extraction.py on the JSON")
+                          "run python -m bench.plot_gpu_extraction on the JSON")
     # a mode whose measurement failed fails the run (the others' numbers are in the JSON)
     failed = {m: r.get("error") for m, r in (bench.res.get("modes") or {}).items()
               if m in args.modes and r.get("status") == "failed"}

@@ -1,6 +1,6 @@
 """Random-weight checkpoints for the GPU extraction benchmark (built, not downloaded).
 
-    python bench/gpu_models.py --model llama-1b --out /tmp/vllm-compat-bench/llama-1b
+    python -m bench.gpu_models --model llama-1b --out /tmp/vllm-compat-bench/llama-1b
 
 Shapes: ``llama-1b`` (hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192,
 vocab 32000), ``llama-8b`` (Llama-3.1-8B's dimensions), ``deepseek-tiny`` (the MLA + MoE

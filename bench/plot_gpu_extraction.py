@@ -1,11 +1,12 @@
-"""Chart of bench/gpu_extraction.py results: tok/s per mode, both runs, ceiling and disk limits.
+"""Chart of bench.gpu_extraction results: tok/s per mode, every run, ceiling and disk limits.
 
-    python bench/plot_gpu_extraction.py bench/results/gpu_extraction-llama-1b.json [more.json]
-        [--out bench/results/gpu_extraction.png]
+    python -m bench.plot_gpu_extraction OUT/gpu_extraction-llama-1b.json [more.json]
+        [--out OUT/gpu_extraction.png]
 
 One panel per JSON (model); per workload a group of bars (best run) with each run as a dot;
 dashed lines: the compute ceiling (2 x params FLOPs/token at the peak TFLOP/s) and, per dtype,
-the tok/s at which the disk's own sequential write + fsync would absorb the states.
+the tok/s at which the disk's own sequential write + fsync would absorb the states; under
+each group, the to-disk ratio c / min(b, disk) per dtype.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 # (series, label) in plotting order; missing series are left out.
 SERIES = [
@@ -26,6 +28,7 @@ SERIES = [
     ("a_sync", "(a) in-process, sync"),
     ("c_bf16", "(c) ours, disk bf16"),
     ("c_fp8", "(c) ours, disk fp8"),
+    ("c_fp8_cpu", "(c) ours, disk fp8 encoded on CPU"),
     ("d", "(d) HF forward"),
     ("e_returned", "(e) vLLM native, returned"),
     ("e_drained", "(e) vLLM native, drained"),
@@ -92,6 +95,14 @@ def plot(results: Sequence[str | Path | dict[str, Any]], out: str | Path) -> Pat
                     ax.hlines(y, i - 0.45, i + 0.45, colors=col, linestyles=":", lw=1.2)
                     ax.text(i + 0.45, y, f" disk {dt[5:]} {y / 1e3:,.0f}k", fontsize=7,
                             color=col, va="bottom", ha="right")
+        limits = (res.get("summary") or {}).get("c_limits") or {}
+        for i, wl in enumerate(wls):
+            parts = [f"{dt} {lim[wl]['c_over_binding']:.2f}" for dt, lim in limits.items()
+                     if (lim.get(wl) or {}).get("c_over_binding")]
+            if parts:
+                ax.text(i, 0.8, "to disk, c / min(b, disk): " + " · ".join(parts),
+                        ha="center", va="bottom", fontsize=7, transform=ax.get_xaxis_transform(),
+                        bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
         env = res.get("env") or {}
         ax.set_title(f"{res.get('model')}: layers {res.get('layer_ids')} | {env.get('gpu')} | "
                      f"vLLM {env.get('vllm')} | torch {env.get('torch')}{ceil_note}", fontsize=9)

@@ -685,7 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sd-prompt-len", type=int, default=64)
     g.add_argument("--sd-max-tokens", type=int, default=448)
     g.add_argument("--extract-backend", choices=("vllm", "transformers"), default="vllm")
-    g.add_argument("--extract-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    g.add_argument("--extract-dtype", choices=("bfloat16", "float32", "float8_e4m3fn"), default="bfloat16",
+                   help="float8_e4m3fn: FP8 states with a scale per token and layer (half the bytes)")
     g.add_argument("--extract-budget-s", type=float, help="stop extracting after this many seconds (keeps what is done)")
     g.add_argument("--extract-compiled", action="store_true", help="torch.compile + CUDA graphs for extraction (default eager)")
     g.add_argument("--max-num-batched-tokens", type=int, default=16384)

@@ -1,14 +1,15 @@
-"""bench/gpu_extraction.py on CPU: arguments, arithmetic, FP8 shards, the HF (d) path, JSON, chart.
+"""bench.gpu_extraction on CPU: arguments, arithmetic, the to-disk limits, the HF (d) path,
+JSON, chart.
 
-The vLLM modes (a, b, c, e) need the H200; everything they lean on that runs without vLLM
-or a GPU is checked here, and mode d runs for real on a tiny Llama.
+The vLLM modes (a, b, c, e) need a GPU; everything they lean on that runs without vLLM or a
+GPU is checked here (the FP8 encoding and the writers are the library's, tested in
+test_fp8_states.py), and mode d runs for real on a tiny Llama.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,13 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from bench import gpu_extraction as ge
+from bench import (
+    gpu_models,
+    plot_gpu_extraction,
+)
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import gpu_extraction as ge  # noqa: E402
-import gpu_models  # noqa: E402
 
 TINY_ARGS = ["--num-prompts", "3", "--prompt-len", "24", "--mixed-prompts", "4",
              "--mixed-min", "5", "--mixed-max", "40", "--warmup-prompts", "1",
@@ -43,7 +43,7 @@ def tiny_ckpt(tmp_path_factory):
 # ----------------------------------------------------------------------------- arguments
 
 
-def test_defaults_follow_the_issue():
+def test_defaults():
     a = ge.parse_args(["--model", "llama-1b"])
     assert a.modes == ["a", "b", "c", "d", "e"] and a.repeats == 2
     assert (a.num_prompts, a.prompt_len) == (128, 1024)
@@ -105,7 +105,8 @@ def test_llama_1b_shape_params_and_ceiling(tmp_path):
     assert c["flops_per_token"] == 2 * p["total"]
     assert c["tok_s"] == pytest.approx(790e12 / (2 * 1_104_218_112))  # ~358k tok/s
     assert 350e3 < c["tok_s"] < c["tok_s_matmul_only"] < 410e3
-    assert ge.bytes_per_token(4, 2048) == {"bf16": 16384.0, "fp8": 8192.0}
+    # FP8: one byte per value and a float32 scale per token and layer
+    assert ge.bytes_per_token(4, 2048) == {"bf16": 16384.0, "fp8": 8192.0 + 16}
 
 
 def test_llama_8b_shape_is_llama_3_1_8b(tmp_path):
@@ -129,16 +130,14 @@ def test_moe_active_params(tmp_path):
 
 
 def _runs(v):
-    return {"fixed": [{"tok_s": v}, {"tok_s": 0.9 * v}], "mixed": [{"tok_s": 0.8 * v},
-                                                                 {"tok_s": 0.85 * v}]}
+    return {"fixed": [{"run": 0, "tok_s": v}, {"run": 1, "tok_s": 0.9 * v}],
+            "mixed": [{"run": 0, "tok_s": 0.8 * v}, {"run": 1, "tok_s": 0.85 * v}]}
 
 
-def test_summary_ratios_targets_and_binding_limit():
+def test_summary_ratios_and_targets():
     res = {"ceiling": {"tok_s": 400_000.0}, "modes": {
         "a": {"series": {"a": _runs(280_000)}},
         "b": {"series": {"b": _runs(270_000)}},
-        "c": {"series": {"c_bf16": _runs(90_000), "disk_bf16": _runs(100_000),
-                         "c_fp8": _runs(200_000), "disk_fp8": _runs(300_000)}},
         "d": {"series": {"d": _runs(60_000)}},
         "e": {"series": {"e_returned": _runs(190_000), "e_drained": _runs(150_000)}},
         "x": {"status": "failed", "error": "boom"}}}
@@ -149,149 +148,53 @@ def test_summary_ratios_targets_and_binding_limit():
     assert r["b/d"]["fixed"] == pytest.approx(4.5)
     assert r["b/e"]["fixed"] == pytest.approx(1.8)  # vs drained: the drain time counts
     assert r["b/e_returned"]["fixed"] == pytest.approx(270 / 190)
-    assert r["c_bf16/a"]["mixed"] == pytest.approx(90 / 280)
     assert s["targets"]["b/a >= 0.95"] == {"fixed": True, "mixed": True}
     assert s["targets"]["b/e >= 1.4"] == {"fixed": True, "mixed": True}
-    lim = s["c_limits"]
-    assert lim["bf16"]["fixed"]["binding"] == "disk"
-    assert lim["bf16"]["fixed"]["c_over_binding"] == pytest.approx(0.9)
-    assert lim["fp8"]["fixed"]["binding"] == "engine"  # the disk takes 300k, the engine 280k
-    assert lim["fp8"]["fixed"]["c_over_binding"] == pytest.approx(200 / 280)
     assert s["a_over_ceiling"]["fixed"] == pytest.approx(0.7)
+    assert s["c_limits"] == {}
 
 
-def test_binding_limit_is_the_engine_when_the_disk_is_faster():
-    res = {"modes": {"a": {"series": {"a": {"w": [{"tok_s": 100.0}]}}},
-                     "c": {"series": {"c_fp8": {"w": [{"tok_s": 95.0}]},
-                                      "disk_fp8": {"w": [{"tok_s": 500.0}]}}}}}
+def test_to_disk_is_held_against_min_of_in_memory_and_the_disk_per_dtype():
+    """bf16: the disk binds; FP8: in-memory extraction (b) binds, the disk being faster for
+    half the bytes. Best runs, and run by run against the plain write that ran beside it."""
+    res = {"modes": {
+        "a": {"series": {"a": _runs(300_000)}},  # never the limit: b is
+        "b": {"series": {"b": _runs(270_000)}},
+        "c": {"series": {"c_bf16": _runs(95_000), "disk_bf16": _runs(100_000),
+                         "c_fp8": _runs(260_000), "disk_fp8": _runs(400_000)}},
+        "c_cpu": {"series": {"c_fp8_cpu": _runs(110_000)}}}}
+    lim = ge.summarize(res)["c_limits"]
+    bf = lim["bf16"]["fixed"]
+    assert bf["binding"] == "disk" and bf["c_over_binding"] == pytest.approx(0.95)
+    assert bf["in_memory_tok_s"] == 270_000 and bf["disk_tok_s"] == 100_000
+    assert bf["c_over_binding_runs"] == pytest.approx([0.95, 0.95])  # run r / disk run r
+    assert bf["meets_0.95"] is True
+    f8 = lim["fp8"]["mixed"]
+    assert f8["binding"] == "in_memory"
+    assert f8["c_over_binding"] == pytest.approx(0.85 / 0.85 * 260 / 270)
+    # run 0 of the mixed set: c 0.8 x 260k against min(b best 0.85 x 270k, disk 0.8 x 400k)
+    assert f8["c_over_binding_runs"][0] == pytest.approx(0.8 * 260 / (0.85 * 270))
+    assert f8["meets_0.95"] is True
+    cpu = lim["fp8_cpu"]["fixed"]  # encoded on the CPU: held against the same limits
+    assert cpu["c_over_binding"] == pytest.approx(110 / 270) and cpu["meets_0.95"] is False
+    assert "fp8_cpu" in lim and set(lim) == {"bf16", "fp8", "fp8_cpu"}
+
+
+def test_without_b_there_is_no_in_memory_limit():
+    res = {"modes": {"c": {"series": {"c_fp8": {"w": [{"run": 0, "tok_s": 95.0}]},
+                                      "disk_fp8": {"w": [{"run": 0, "tok_s": 100.0}]}}}}}
     lim = ge.summarize(res)["c_limits"]["fp8"]["w"]
-    assert lim["binding"] == "engine" and lim["c_over_binding"] == pytest.approx(0.95)
+    assert lim["binding"] == "disk" and lim["c_over_binding"] == pytest.approx(0.95)
+    assert lim["c_over_binding_runs"] == [None]
     assert ge.summarize({"modes": {}})["ratios"]["b/a"] == {}
 
 
-# ----------------------------------------------------------------------------- FP8 and disk
-
-
-def _states(seed=0, T=37, H=96):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, 4, H, generator=g)
-    x[:, 1] *= 300.0                    # very different layer scales
-    x[:, 2] *= 1e-3
-    x[T // 2, 3, 5] = 2000.0            # an outlier
-    x[:, 0, :10] = 1e-7                 # far below the fp8 normal range of its layer
-    return x.to(torch.bfloat16)
-
-
-def test_fp8_round_trip_error_bound():
-    x = _states()
-    q, scale = ge.fp8_encode(x)
-    assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape
-    assert scale.dtype == torch.float32 and scale.shape == (4,)
-    y = ge.fp8_decode(q, scale, torch.float32)
-    xf = x.float()
-    s = scale[None, :, None]
-    # e4m3: 3 mantissa bits -> half-ulp 2^-4 relative (normals), 2^-10 * scale (subnormals)
-    bound = 2.0 ** -4 * xf.abs() + 2.0 ** -10 * s + 1e-6 * s
-    assert bool(((y - xf).abs() <= bound).all())
-    rel = (y - xf).norm(dim=(0, 2)) / xf.norm(dim=(0, 2))
-    assert float(rel.max()) < 0.04
-    assert float(y.abs().max()) == pytest.approx(2000.0, rel=2 ** -4)
-    assert ge.fp8_decode(q, scale).dtype == torch.bfloat16
-
-
-def test_fp8_encode_equals_the_float32_formula_bit_for_bit():
-    """The one-pass encode gives the bytes of the explicit float32 form (outliers, values far
-    below a layer's normal range and an all-zero layer included)."""
-    x = _states()
-    x[:, 2] = 0
-    xf = x.float()
-    scale = (xf.abs().amax(dim=(0, 2)) / ge.FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    want = (xf / scale[None, :, None]).clamp(-ge.FP8_MAX, ge.FP8_MAX).to(torch.float8_e4m3fn)
-    q, got_scale = ge.fp8_encode(x)
-    assert torch.equal(got_scale, scale)
-    assert torch.equal(q.view(torch.uint8), want.view(torch.uint8))
-
-
-def test_fp8_of_an_all_zero_layer_is_zero_not_nan():
-    x = _states()
-    x[:, 2] = 0
-    q, scale = ge.fp8_encode(x)
-    y = ge.fp8_decode(q, scale, torch.float32)
-    assert torch.isfinite(y).all() and float(y[:, 2].abs().max()) == 0.0
-
-
-@pytest.mark.parametrize("fp8", [False, True])
-def test_durable_shard_writer_round_trip(tmp_path, fp8):
-    from vllm_compat.eagle3.data import HiddenStatesDataset
-    samples = [(torch.arange(3, 3 + n), _states(i, T=n)) for i, n in enumerate([5, 9, 1, 12, 7])]
-    w = ge.DurableShardWriter(tmp_path / "ds", hidden_size=96, layer_ids=(2, 8, 13, 16), fp8=fp8,
-                              samples_per_shard=2, max_queue=1)
-    for ids, hs in samples:
-        w.put(ids, hs)
-    m = w.close()
-    assert m.num_samples == 5 and len(m.shards) == 3 and m.layer_ids == [2, 8, 13, 16]
-    assert m.dtype == ("float8_e4m3fn" if fp8 else "bfloat16")
-    assert not list((tmp_path / "ds").glob("*.tmp"))
-    assert w.file_bytes() > sum(int(hs.numel()) for _, hs in samples) * (1 if fp8 else 2)
-    assert set(w.busy) == {"encode_s", "write_s", "fsync_s"}
-    if fp8:  # read with safetensors directly (the shard layout, fp8 + scale per sample)
-        from safetensors import safe_open
-        got_all = []
-        for shard in m.shards:
-            with safe_open(str(tmp_path / "ds" / shard["file"]), framework="pt") as f:
-                for j in range(shard["num_samples"]):
-                    got_all.append({k.split(".", 1)[1]: f.get_tensor(k) for k in f.keys()
-                                    if k.startswith(f"{j}.")})
-        assert got_all[0].keys() == ge.read_first_sample(tmp_path / "ds").keys()
-    else:
-        got_all = list(HiddenStatesDataset(tmp_path / "ds"))
-    assert len(got_all) == 5
-    for (ids, hs), got in zip(samples, got_all):
-        assert got["input_ids"].tolist() == ids.tolist() and bool(got["loss_mask"].all())
-        if fp8:
-            y = ge.fp8_decode(got["hidden_states"], got["hidden_states_scale"], torch.float32)
-            s = got["hidden_states_scale"][None, :, None]
-            assert bool(((y - hs.float()).abs() <= 2 ** -4 * hs.float().abs()
-                         + 2 ** -10 * s + 1e-6 * s).all())
-        else:
-            assert torch.equal(got["hidden_states"], hs)
-
-
-def test_fp8_encoder_thread_writes_the_same_bytes_as_the_writer_thread(tmp_path):
-    """The encoder thread (sixth session) changes when samples are encoded, not the shards."""
-    samples = [(torch.arange(3, 3 + n), _states(i, T=n)) for i, n in enumerate([5, 9, 1, 12, 7])]
-    files = {}
-    for threaded in (False, True):
-        d = tmp_path / f"ds-{threaded}"
-        w = ge.DurableShardWriter(d, hidden_size=96, layer_ids=(2, 8, 13, 16), fp8=True,
-                                  samples_per_shard=2, max_queue=1, encode_thread=threaded)
-        for ids, hs in samples:
-            w.put(ids, hs)
-        m = w.close()
-        assert w.busy["encode_s"] > 0
-        files[threaded] = [(d / s["file"]).read_bytes() for s in m.shards]
-    assert files[True] == files[False] and len(files[True]) == 3
-
-
-def test_fp8_encoder_thread_reports_a_failing_sample(tmp_path):
-    w = ge.DurableShardWriter(tmp_path / "ds", hidden_size=96, layer_ids=(2, 8, 13, 16),
-                              fp8=True, samples_per_shard=2)
-    w.put(torch.arange(4), _states(T=4)[:, 0])  # [T, H]: the encoder's amax over dim 2 fails
-    w.put(torch.arange(4), _states(T=4))
-    assert w._encoder.is_alive() or w.error is not None
-    with pytest.raises(RuntimeError, match="shard writer failed"):
-        w.close()
-
-
-def test_durable_shard_writer_reports_a_failing_sample(tmp_path):
-    w = ge.DurableShardWriter(tmp_path / "ds", hidden_size=96, layer_ids=(1, 2), fp8=False,
-                              samples_per_shard=2)
-    w.put(torch.arange(4), _states(T=4))  # 4 layers where the dataset declares 2
-    with pytest.raises(RuntimeError, match="shard writer failed"):
-        w.close()
-    w2 = ge.DurableShardWriter(tmp_path / "ds", hidden_size=96, layer_ids=(1, 2), fp8=False,
-                               samples_per_shard=2)  # the folder was released
-    w2.close()
+def test_the_plain_write_takes_the_bytes_the_c_run_wrote():
+    prompts = [[1] * 100, [2] * 50]
+    assert ge.plain_write_bytes({}, "fp8", prompts, 8208.0) == 150 * (8208 + 9) + 2 * 4096
+    wrote = {("fp8", 150): 1_234_567, ("bf16", 150): 2_000_000, ("fp8", 99): 5}
+    assert ge.plain_write_bytes(wrote, "fp8", prompts, 8208.0) == 1_234_567
+    assert ge.plain_write_bytes(wrote, "bf16", prompts, 16384.0) == 2_000_000
 
 
 def test_disk_write_measures_and_cleans_up(tmp_path):
@@ -361,11 +264,17 @@ def test_cpu_run_of_mode_d_writes_the_json_and_the_chart(tiny_ckpt, tmp_path, ca
     assert "llama-tiny" in printed and "d " in printed
 
     pytest.importorskip("matplotlib")
-    import plot_gpu_extraction
     png = plot_gpu_extraction.plot([out / "gpu_extraction-llama-tiny.json"], tmp_path / "c.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_gpu_extraction.main([str(out / "gpu_extraction-llama-tiny.json")]) == 0
     assert (out / "gpu_extraction-llama-tiny.png").stat().st_size > 1000
+    # with to-disk series: the ratios are drawn under each workload's group
+    res["modes"]["b"] = {"series": {"b": _runs(270_000)}}
+    res["modes"]["c"] = {"series": {"c_bf16": _runs(95_000), "disk_bf16": _runs(100_000),
+                                    "c_fp8": _runs(260_000), "disk_fp8": _runs(400_000)}}
+    res["summary"] = ge.summarize(res)
+    png = plot_gpu_extraction.plot([res], tmp_path / "disk.png")
+    assert png.stat().st_size > 1000
 
 
 def test_failures_and_the_time_budget_are_recorded(tiny_ckpt, tmp_path, monkeypatch, capsys):

@@ -66,7 +66,7 @@ def test_writer_rejects_bad_samples(tmp_path, bad, message):
 
 def test_reader_refuses_foreign_manifest(tmp_path):
     (tmp_path / MANIFEST).write_text(json.dumps({"format": "something-else"}))
-    with pytest.raises(DatasetFormatError, match="not a vllm-compat-eagle3-hidden-states v1 manifest"):
+    with pytest.raises(DatasetFormatError, match="not a vllm-compat-eagle3-hidden-states v1/v2 manifest"):
         HiddenStatesDataset(tmp_path)
 
 

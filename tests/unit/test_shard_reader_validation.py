@@ -206,7 +206,7 @@ def test_changed_bytes_caught_by_full_verify(ds_dir):
 @pytest.mark.parametrize("text, reason", [
     ('{"format": ', "not valid JSON (Expecting value: line 1 column 12 (char 11))"),
     ('{"format": "vllm-compat-eagle3-hidden-states", "format_version": 1}', "missing 'shards'"),
-    ('[]', "not a vllm-compat-eagle3-hidden-states v1 manifest (format=None, version=None)"),
+    ('[]', "not a vllm-compat-eagle3-hidden-states v1/v2 manifest (format=None, version=None)"),
 ])
 def test_broken_manifest(ds_dir, text, reason):
     (ds_dir / MANIFEST).write_text(text)

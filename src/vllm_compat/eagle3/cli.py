@@ -31,6 +31,17 @@ def _extract(a: argparse.Namespace) -> int:
         kw = dict(max_num_batched_tokens=a.max_num_batched_tokens, tensor_parallel_size=a.tensor_parallel_size)
         if a.trust_remote_code:
             kw["trust_remote_code"] = True
+        if a.engine_kwargs:
+            kw.update(json.loads(a.engine_kwargs))
+    if a.replicas:
+        from .distributed import extract_distributed
+
+        m = extract_distributed(a.target, a.prepared, a.output, a.aux_layer_ids, replicas=a.replicas,
+                                gpus_per_replica=a.gpus_per_replica, dtype=getattr(torch, a.dtype),
+                                samples_per_shard=a.samples_per_shard, samples_per_unit=a.samples_per_unit,
+                                backend=a.backend, ray_address=a.ray_address, **kw)
+        print(json.dumps({"samples": m.num_samples, "shards": len(m.shards), "output": a.output}))
+        return 0
     n = extract_dataset(a.target, a.prepared, a.output, a.aux_layer_ids, backend=a.backend,
                         dtype=getattr(torch, a.dtype), samples_per_shard=a.samples_per_shard,
                         progress=not a.no_progress, **kw)
@@ -132,13 +143,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--output", "-o", required=True)
     s.add_argument("--aux-layer-ids", type=int, nargs="+", help="default: EAGLE-3's (2, L//2, L-3)")
     s.add_argument("--backend", choices=("vllm", "transformers"), default="vllm")
-    s.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    s.add_argument("--dtype", choices=("bfloat16", "float16", "float32", "float8_e4m3fn"), default="bfloat16",
+                   help="float8_e4m3fn: FP8 with a float32 scale per token and layer (half the bytes)")
     s.add_argument("--samples-per-shard", type=int, default=256)
     s.add_argument("--max-num-batched-tokens", type=int)
     s.add_argument("--tensor-parallel-size", type=int, default=1)
     s.add_argument("--trust-remote-code", action="store_true",
                    help="let vLLM run the tokenizer / processor code the checkpoint ships (Kimi-K2.5 "
                         "before vLLM 0.21 loads them at engine start)")
+    s.add_argument("--engine-kwargs", help="JSON of more vllm.LLM keywords, e.g. '{\"kv_cache_memory_bytes\": 8000000000}'")
+    g = s.add_argument_group("over many replicas with Ray (pip install 'vllm-compat[ray]')")
+    g.add_argument("--replicas", type=int, help="extract over this many Ray actors, each writing whole units")
+    g.add_argument("--gpus-per-replica", type=float, help="Ray num_gpus per replica (default: --tensor-parallel-size)")
+    g.add_argument("--samples-per-unit", type=int, help="records per work unit (default: 4 shards)")
+    g.add_argument("--ray-address", help="ray.init address ('auto': the running cluster; default: start one here)")
     s.set_defaults(func=_extract)
 
     s = steps.add_parser("vocab", help="draft vocabulary (d2t/t2d) from loss-masked token counts")

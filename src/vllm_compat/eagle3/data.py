@@ -10,6 +10,11 @@ One sample is a dict of tensors:
 Any other tensor in a sample is stored and returned as is. Layer ids follow vLLM's
 convention: id ``k`` is the state *entering* decoder layer ``k``; ``L`` is the final state.
 
+FP8 datasets (``dtype`` ``float8_e4m3fn``, manifest ``format_version`` 2, so that readers of
+version 1 refuse them rather than train on unscaled values) store ``hidden_states`` in FP8
+with ``hidden_states_scale`` float32 ``[T, n_aux + 1]`` beside it
+(:mod:`vllm_compat.extract.fp8`); :class:`HiddenStatesDataset` hands the states back decoded.
+
 Crash safety (docs/reliability-data.md). The writer is append-only and holds the directory's
 lock (:mod:`vllm_compat.locking`). Every file is written to ``<name>.tmp``, fsynced, renamed,
 and the directory fsynced. A shard is committed in four steps: its bytes are written to
@@ -37,6 +42,7 @@ import os
 import re
 import struct
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,12 +53,15 @@ import torch
 from safetensors import safe_open
 
 from ..errors import VllmCompatError
+from ..extract import fp8
 from ..locking import TMP_SUFFIX, OutputDirLock, atomic_write_bytes, lock_output_dir
 
 log = logging.getLogger(__name__)
 
 FORMAT = "vllm-compat-eagle3-hidden-states"
 FORMAT_VERSION = 1
+FP8_FORMAT_VERSION = 2  # FP8 states with scales: a version-1 reader must not take them
+READABLE_VERSIONS = (FORMAT_VERSION, FP8_FORMAT_VERSION)
 MANIFEST = "manifest.json"
 REQUIRED_KEYS = ("input_ids", "loss_mask", "hidden_states")
 _SHARD_NAME = re.compile(r"shard-\d{5,}\.safetensors")
@@ -148,14 +157,22 @@ class Manifest:
         """Layer id of each slot of ``hidden_states`` (aux layers, then the final layer)."""
         return [*self.aux_layer_ids, self.final_layer_id]
 
+    @property
+    def is_fp8(self) -> bool:
+        """FP8 states with a ``hidden_states_scale`` per sample (:mod:`vllm_compat.extract.fp8`)."""
+        return fp8.is_fp8(self.dtype)
+
     def to_json(self) -> dict[str, Any]:
         d = {
-            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "format": FORMAT, "format_version": FP8_FORMAT_VERSION if self.is_fp8 else FORMAT_VERSION,
             "hidden_size": self.hidden_size, "aux_layer_ids": self.aux_layer_ids,
             "final_layer_id": self.final_layer_id, "dtype": self.dtype,
             "num_samples": self.num_samples, "num_tokens": self.num_tokens,
             "target": self.target, "shards": self.shards,
         }
+        if self.is_fp8:
+            d["hidden_states_scale"] = {"dtype": "float32", "per": "token and layer",
+                                        "decode": "hidden_states * hidden_states_scale[..., None]"}
         if self.pending is not None:
             d["pending"] = self.pending
         return d
@@ -163,10 +180,10 @@ class Manifest:
     @classmethod
     def from_json(cls, d: dict[str, Any], where: str | os.PathLike[str] = MANIFEST) -> Manifest:
         where = Path(where)
-        if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("format_version") != FORMAT_VERSION:
+        if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("format_version") not in READABLE_VERSIONS:
             d = d if isinstance(d, dict) else {}
             raise DatasetFormatError(
-                f"{where}: not a {FORMAT} v{FORMAT_VERSION} manifest "
+                f"{where}: not a {FORMAT} v{FORMAT_VERSION}/v{FP8_FORMAT_VERSION} manifest "
                 f"(format={d.get('format')!r}, version={d.get('format_version')!r})"
             )
         try:
@@ -213,6 +230,11 @@ def _check_shapes(shapes: dict[str, tuple[int, ...]], n_layers: int, hidden_size
         raise DatasetFormatError(
             f"hidden_states shape {hs} != (T, n_aux + 1, H) = ({t}, {n_layers}, {hidden_size})"
         )
+    scale = shapes.get(fp8.SCALE_KEY)
+    # (T, n): per token and layer; (n,): per sample and layer (earlier FP8 datasets)
+    if scale is not None and scale not in ((t, n_layers), (n_layers,)):
+        raise DatasetFormatError(
+            f"{fp8.SCALE_KEY} shape {scale} != (T, n_aux + 1) = ({t}, {n_layers})")
 
 
 def check_sample(sample: dict[str, torch.Tensor], n_layers: int, hidden_size: int) -> None:
@@ -362,6 +384,8 @@ def check_shard(path: str | os.PathLike[str], entry: dict[str, Any], manifest: M
         raise InvalidShardError(path, f"holds {len(samples)} samples, {MANIFEST} says {entry['num_samples']}")
     n_layers, want_dtypes = len(manifest.layer_ids), {
         "input_ids": "int64", "loss_mask": "bool", "hidden_states": manifest.dtype}
+    if manifest.is_fp8:
+        want_dtypes[fp8.SCALE_KEY] = "float32"
     tokens = 0
     for j in range(len(samples)):
         s = samples[j]
@@ -370,6 +394,8 @@ def check_shard(path: str | os.PathLike[str], entry: dict[str, Any], manifest: M
         except DatasetFormatError as e:
             raise InvalidShardError(path, f"sample {j}: {e}") from None
         for key, want in want_dtypes.items():
+            if key not in s:
+                raise InvalidShardError(path, f"sample {j}: no {key} ({manifest.dtype} states need it)")
             have = _DTYPES.get(s[key]["dtype"], s[key]["dtype"])
             if have != want:
                 src = f"{MANIFEST} says" if key == "hidden_states" else "expected"
@@ -382,7 +408,10 @@ def check_shard(path: str | os.PathLike[str], entry: dict[str, Any], manifest: M
             raise InvalidShardError(path, f"sha256 differs from {MANIFEST} (the file changed after it was written)")
         with safe_open(str(path), framework="pt") as f:
             for j in range(len(samples)):
-                _check_finite(path, j, f.get_tensor(f"{j}.hidden_states"))
+                hs = f.get_tensor(f"{j}.hidden_states")
+                if manifest.is_fp8:  # a non-finite scale spoils its row: check the decoded values
+                    hs = fp8.decode(hs, f.get_tensor(f"{j}.{fp8.SCALE_KEY}"), torch.float32)
+                _check_finite(path, j, hs)
 
 
 def _check_finite(path: Path, j: int, hs: torch.Tensor) -> None:
@@ -441,6 +470,11 @@ class ShardWriter:
     ``samples_per_shard`` samples except the one :meth:`close` flushes, so a run killed and
     resumed (samples buffered in memory are recomputed) writes the same bytes as one that
     never stopped.
+
+    ``dtype=torch.float8_e4m3fn``: samples may come encoded (``hidden_states`` FP8 with a
+    ``hidden_states_scale``, as ``HiddenStatesExtractor(states_dtype=torch.float8_e4m3fn)``
+    hands them out, encoded on the GPU) or in any float dtype, which :meth:`encode` turns
+    into FP8 with a scale per token and layer (:mod:`vllm_compat.extract.fp8`).
     """
 
     def __init__(
@@ -456,6 +490,7 @@ class ShardWriter:
     ) -> None:
         self.dir = Path(directory)
         self.dtype = dtype
+        self.fp8 = fp8.is_fp8(dtype)
         self.samples_per_shard = samples_per_shard
         self._lock: OutputDirLock | None = lock_output_dir(self.dir, "ShardWriter")
         try:
@@ -463,10 +498,12 @@ class ShardWriter:
                               str(dtype).removeprefix("torch."), target=dict(target or {}))
             if (self.dir / MANIFEST).exists():
                 have = read_manifest(self.dir)
-                if (have.hidden_size, have.layer_ids) != (wanted.hidden_size, wanted.layer_ids):
+                if (have.hidden_size, have.layer_ids, have.dtype) != (
+                        wanted.hidden_size, wanted.layer_ids, wanted.dtype):
                     raise DatasetFormatError(
-                        f"{self.dir} holds hidden_size={have.hidden_size} layers={have.layer_ids}; "
-                        f"cannot append hidden_size={hidden_size} layers={wanted.layer_ids}"
+                        f"{self.dir} holds hidden_size={have.hidden_size} layers={have.layer_ids} "
+                        f"dtype={have.dtype}; cannot append hidden_size={hidden_size} "
+                        f"layers={wanted.layer_ids} dtype={wanted.dtype}"
                     )
                 self.manifest = have
                 self._recover()
@@ -512,11 +549,31 @@ class ShardWriter:
         """Samples already on disk plus those buffered for the next shard."""
         return self.manifest.num_samples + len(self._pending)
 
+    def encode(self, sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``sample`` as this dataset stores it: FP8 states encoded here if they are not yet.
+
+        Checks the shapes; FP8 states without their scale, or FP8 states for a dataset of
+        another dtype, are refused (:class:`DatasetFormatError`)."""
+        check_sample(sample, len(self.manifest.layer_ids), self.manifest.hidden_size)
+        hs = sample["hidden_states"]
+        encoded = fp8.is_fp8(hs.dtype)
+        if encoded and fp8.SCALE_KEY not in sample:
+            raise DatasetFormatError(f"FP8 hidden_states without {fp8.SCALE_KEY}")
+        if not self.fp8:
+            if encoded or fp8.SCALE_KEY in sample:
+                raise DatasetFormatError(
+                    f"FP8 states (with {fp8.SCALE_KEY}) for a {self.manifest.dtype} dataset: open "
+                    "the writer with dtype=torch.float8_e4m3fn, or extract in the model's dtype")
+            return sample
+        if encoded:
+            return sample
+        q, scale = fp8.encode(hs)
+        return {**sample, "hidden_states": q, fp8.SCALE_KEY: scale}
+
     def add(self, sample: dict[str, torch.Tensor]) -> None:
         if self._lock is None:
             raise RuntimeError(f"ShardWriter for {self.dir} is closed")
-        check_sample(sample, len(self.manifest.layer_ids), self.manifest.hidden_size)
-        self._pending.append(sample)
+        self._pending.append(self.encode(sample))
         if len(self._pending) >= self.samples_per_shard:
             self.flush()
 
@@ -534,6 +591,8 @@ class ShardWriter:
                     v = v.to(torch.bool)
                 elif k == "hidden_states":
                     v = v.to(self.dtype)
+                elif k == fp8.SCALE_KEY and self.fp8:
+                    v = v.to(torch.float32)
                 # views of one buffer (the extractor's per-step host tensor) are written as
                 # they are: the bytes are streamed per tensor, nothing needs its own storage
                 tensors[f"{i}.{k}"] = v.detach().cpu().contiguous()
@@ -594,25 +653,37 @@ class ShardWriter:
 
 
 class BackgroundShardWriter:
-    """A :class:`ShardWriter` fed by one background thread through a bounded queue.
+    """A :class:`ShardWriter` fed by a background thread through a bounded queue.
 
     Encoding, hashing and writing a shard then overlap the producer (an extraction loop)
-    instead of stopping it every ``samples_per_shard`` samples. One thread, FIFO: the same
-    shards with the same bytes, in the same order, with the same crash safety as the
-    writer itself. Samples are checked in the caller's thread. A write error in the thread
-    is raised by the next :meth:`add` or by :meth:`close`. ``max_queue`` bounds the samples
-    waiting (memory); a full queue blocks :meth:`add`.
+    instead of stopping it every ``samples_per_shard`` samples. FIFO: the same shards with
+    the same bytes, in the same order, with the same crash safety as the writer itself.
+    Samples are checked in the caller's thread. A write error in the thread is raised by the
+    next :meth:`add` or by :meth:`close`. ``max_queue`` bounds the samples waiting (memory);
+    a full queue blocks :meth:`add`. Every file is durable when :meth:`close` returns (each
+    shard and manifest write is fsync'ed, :func:`vllm_compat.locking.atomic_write_bytes`).
+
+    FP8 datasets whose samples come unencoded (not encoded on the GPU by the extractor)
+    are encoded by a thread of its own, so that encoding one sample overlaps writing the
+    previous ones (torch releases the GIL). ``busy`` holds the seconds each thread worked:
+    ``encode_s`` and ``write_s`` (writing includes hashing and fsync).
     """
 
     def __init__(self, writer: ShardWriter, max_queue: int = 64) -> None:
         import queue
-        import threading
 
         self.writer = writer
         self.error: BaseException | None = None
+        self.busy = {"encode_s": 0.0, "write_s": 0.0}
         self._q: Any = queue.Queue(maxsize=max_queue)
-        self._thread = threading.Thread(target=self._run, name="shard-writer", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._write_loop, name="shard-writer", daemon=True)]
+        self._in = self._q
+        if writer.fp8:
+            self._in = queue.Queue(maxsize=max_queue)
+            self._threads.append(threading.Thread(target=self._encode_loop, name="shard-fp8-encode",
+                                                  daemon=True))
+        for t in self._threads:
+            t.start()
 
     @property
     def manifest(self) -> Manifest:
@@ -622,28 +693,51 @@ class BackgroundShardWriter:
         if self.error is not None:
             raise self.error
         check_sample(sample, len(self.writer.manifest.layer_ids), self.writer.manifest.hidden_size)
-        self._q.put(sample)
+        self._in.put(sample)
 
-    def _run(self) -> None:
+    def _encode_loop(self) -> None:
+        while True:
+            sample = self._in.get()
+            if sample is not None and self.error is None:  # after an error: drain, pass the end on
+                try:
+                    t0 = time.perf_counter()
+                    sample = self.writer.encode(sample)
+                    self.busy["encode_s"] += time.perf_counter() - t0
+                except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                    self.error = e
+                    continue
+            elif sample is not None:
+                continue
+            self._q.put(sample)
+            if sample is None:
+                return
+
+    def _write_loop(self) -> None:
         while True:
             sample = self._q.get()
             if sample is None:
                 return
             if self.error is None:  # after an error: drain, so the producer never blocks
                 try:
+                    t0 = time.perf_counter()
                     self.writer.add(sample)
+                    self.busy["write_s"] += time.perf_counter() - t0
                 except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
                     self.error = e
 
     def close(self) -> Manifest:
         """Write what is queued and the last shard; returns the manifest."""
-        if self._thread.is_alive():
-            self._q.put(None)
-            self._thread.join()
+        if self._threads[0].is_alive():
+            self._in.put(None)  # the encoder, if any, passes it on once it has drained
+            for t in self._threads:
+                t.join()
         if self.error is not None:
             self.writer._release()  # the folder lock; the partial shard was never committed
             raise self.error
-        return self.writer.close()
+        t0 = time.perf_counter()
+        manifest = self.writer.close()
+        self.busy["write_s"] += time.perf_counter() - t0
+        return manifest
 
     def __enter__(self) -> BackgroundShardWriter:
         return self
@@ -670,10 +764,15 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
     :attr:`skipped` (file and reason) and logged. A manifest that names a file outside the
     directory always raises :class:`UnsafePathError`. Samples read are checked for NaN/Inf
     (``check_finite``), raising :class:`InvalidShardError` with the file and sample number.
+
+    FP8 datasets: a sample's ``hidden_states`` come back decoded into ``decode_dtype``
+    (bfloat16 by default; ``hidden_states_scale`` is left out), so a trainer reads them as
+    it reads a bf16 dataset. ``decode_dtype=None`` returns the stored tensors as they are.
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, on_invalid: str = "raise",
-                 verify: str = "header", check_finite: bool = True) -> None:
+                 verify: str = "header", check_finite: bool = True,
+                 decode_dtype: torch.dtype | None = torch.bfloat16) -> None:
         if on_invalid not in ON_INVALID:
             raise ValueError(f"on_invalid must be one of {ON_INVALID}, got {on_invalid!r}")
         if verify not in VERIFY:
@@ -682,6 +781,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         self.manifest = read_manifest(self.dir)
         self.on_invalid = on_invalid
         self.check_finite = check_finite
+        self.decode_dtype = decode_dtype
         self.skipped: list[SkippedShard] = []
         where = self.dir / MANIFEST
         paths = [_member(self.dir, s["file"], where) for s in self.manifest.shards]
@@ -737,6 +837,9 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
             check_sample(sample, len(self.manifest.layer_ids), self.manifest.hidden_size)
         except DatasetFormatError as e:
             raise InvalidShardError(path, f"sample {j}: {e}") from None
+        if self.manifest.is_fp8 and self.decode_dtype is not None:
+            sample["hidden_states"] = fp8.decode(sample["hidden_states"], sample.pop(fp8.SCALE_KEY),
+                                                 self.decode_dtype)
         if self.check_finite:
             _check_finite(path, j, sample["hidden_states"])
         return sample

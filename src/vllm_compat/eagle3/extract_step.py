@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..extract import fp8
 from ..extract.layers import eagle3_default_layers, validate_layer_ids
 from ..locking import lock_output_dir
 from ..target import TargetInfo, read_target
@@ -51,6 +52,8 @@ def extract_dataset(
 
     Returns the number of samples in the dataset. ``extractor_kwargs`` go to
     ``HiddenStatesExtractor`` (``max_num_batched_tokens``, ``tensor_parallel_size``, ...).
+    ``dtype=torch.float8_e4m3fn`` stores FP8 states with a scale per token and layer
+    (:mod:`vllm_compat.extract.fp8`); with vLLM they are encoded on the GPU.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -84,6 +87,8 @@ def _extract_with_vllm(
     from ..extract import HiddenStatesExtractor
 
     n = target.num_hidden_layers
+    if fp8.is_fp8(dtype):  # encoded on the GPU, before the copy to the host
+        extractor_kwargs.setdefault("states_dtype", dtype)
     writer = ShardWriter(
         output_dir, hidden_size=target.hidden_size, aux_layer_ids=list(aux),
         final_layer_id=n, dtype=dtype, samples_per_shard=samples_per_shard,
@@ -100,7 +105,7 @@ def _extract_with_vllm(
                 for sample in tqdm(stream, total=len(records), initial=0, disable=not progress,
                                    desc="extract"):
                     ids, mask = records[sample.index]
-                    out.add({"input_ids": ids, "loss_mask": mask, "hidden_states": sample.hidden_states})
+                    out.add({"input_ids": ids, "loss_mask": mask, **sample.states()})
     finally:
         manifest = out.close()
     return manifest.num_samples

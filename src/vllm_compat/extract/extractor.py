@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..target import TargetInfo, read_target
+from .fp8 import SCALE_KEY
 from .layers import resolve_layer_ids
 from .ordering import OrderedAssembler, check_prompt, windows
 
@@ -19,11 +20,24 @@ class ExtractedSample:
 
     With ``tensor_parallel_size=1`` a prompt finished in one engine step gets a view of that
     step's host buffer (no copy). Keeping a few samples for long keeps their steps' buffers
-    alive; ``.clone()`` them if that matters."""
+    alive; ``.clone()`` them if that matters.
+
+    With ``states_dtype=torch.float8_e4m3fn``: ``hidden_states`` in FP8 and
+    ``hidden_states_scale`` float32 ``[seq_len, len(layer_ids)]`` (:mod:`.fp8`)."""
     index: int
     token_ids: Any          # 1-D int64 torch tensor
-    hidden_states: Any      # torch tensor, model dtype
+    hidden_states: Any      # torch tensor, model dtype (or FP8)
     layer_ids: tuple[int, ...]
+    hidden_states_scale: Any = None  # FP8 only
+
+    def states(self) -> dict[str, Any]:
+        """The sample's state tensors by their dataset names (``hidden_states`` and, for FP8,
+        ``hidden_states_scale``): ``ShardWriter.add({"input_ids": ..., "loss_mask": ...,
+        **s.states()})``."""
+        out = {"hidden_states": self.hidden_states}
+        if self.hidden_states_scale is not None:
+            out[SCALE_KEY] = self.hidden_states_scale
+        return out
 
 
 class HiddenStatesExtractor:
@@ -41,6 +55,10 @@ class HiddenStatesExtractor:
     0.11.2+, off otherwise; ``VLLM_COMPAT_EXTRACT_LAUNCH_AHEAD=0/1`` decides): keep two
     engine steps in flight (:class:`vllm_compat.StepPipeline`), step N+1 scheduled and
     launched before step N's output is waited for, so the GPU never idles between forwards.
+    ``states_dtype=torch.float8_e4m3fn``: states come back in FP8 with a float32 scale per
+    token and layer (:mod:`vllm_compat.extract.fp8`), encoded on the GPU in the worker (half
+    the bytes to copy and store; ``backend="native"`` encodes on the CPU). Default None:
+    the model's dtype.
 
     The engine runs in this process. ``close()`` (or leaving the ``with`` block) gives its GPU
     memory and the environment variables it set back, so extractors can be opened and closed
@@ -53,7 +71,8 @@ class HiddenStatesExtractor:
                  max_num_batched_tokens: int | None = None, enforce_eager: bool = False,
                  gpu_memory_utilization: float = 0.5, backend: str = "auto",
                  max_in_flight: int = 64, overlap_copy: bool | None = None,
-                 launch_ahead: bool | None = None, **llm_kwargs: Any) -> None:
+                 launch_ahead: bool | None = None, states_dtype: Any = None,
+                 **llm_kwargs: Any) -> None:
         self.target = read_target(model_path)  # a path, or facts the caller already read
         self.model_path = self.target.path
         self.config = self.target.config
@@ -70,7 +89,7 @@ class HiddenStatesExtractor:
             tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization, overlap_copy=overlap_copy,
-            launch_ahead=launch_ahead, llm_kwargs=llm_kwargs)
+            launch_ahead=launch_ahead, states_dtype=states_dtype, llm_kwargs=llm_kwargs)
         mml = self._engine.llm.llm_engine.model_config.max_model_len
         self._max_prompt = int(mml) - 1
         vocab = self.target.text_config.get("vocab_size") or self.config.get("vocab_size")
@@ -96,16 +115,28 @@ class HiddenStatesExtractor:
     def llm(self) -> Any:
         return self._engine.llm
 
+    @property
+    def states_dtype(self) -> Any:
+        """None (the model's dtype) or ``torch.float8_e4m3fn``; settable between ``extract``
+        calls (the same engine then hands out the other kind)."""
+        return self._engine.states_dtype
+
+    @states_dtype.setter
+    def states_dtype(self, dtype: Any) -> None:
+        self._engine.states_dtype = dtype
+
     def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float | None]]:
         """vLLM's own ``prompt_logprobs`` of each prompt token (for cross-checks)."""
         return self._engine.prompt_logprobs(prompts)
 
     def _sample(self, index: int, ids: list[int], hs: Any) -> ExtractedSample:
         import torch
+        hs, scale = hs if isinstance(hs, tuple) else (hs, None)  # FP8: (states, scales)
         if hs.shape != (len(ids), len(self.layer_ids), self.hidden_size):
             raise RuntimeError(f"prompt {index}: got states of shape {tuple(hs.shape)}, expected "
                                f"{(len(ids), len(self.layer_ids), self.hidden_size)}")
-        return ExtractedSample(index, torch.tensor(ids, dtype=torch.int64), hs, self.layer_ids)
+        return ExtractedSample(index, torch.tensor(ids, dtype=torch.int64), hs, self.layer_ids,
+                               scale)
 
     def extract(self, prompts: Iterable[Sequence[int]]) -> Iterator[ExtractedSample]:
         """Yield one :class:`ExtractedSample` per prompt, in input order, as they finish."""

@@ -87,7 +87,13 @@ def _default_concat(parts: list[Any]) -> Any:
     if len(parts) == 1:
         return parts[0]
     import torch  # only when real tensors flow
+    if isinstance(parts[0], tuple):  # (FP8 states, scales): each joined along the tokens
+        return tuple(torch.cat(list(p), dim=0) for p in zip(*parts))
     return torch.cat(parts, dim=0)
+
+
+def _default_length(chunk: Any) -> int:
+    return len(chunk[0]) if isinstance(chunk, tuple) else len(chunk)
 
 
 @dataclass
@@ -102,12 +108,13 @@ class _Pending:
 class OrderedAssembler:
     """Concatenate per-step chunks per request; release finished requests in input order.
 
-    ``concat`` joins a request's chunks (default ``torch.cat(dim=0)``); ``length`` gives a
-    chunk's token count (default ``len``). Indices must be registered in increasing order.
+    ``concat`` joins a request's chunks (default ``torch.cat(dim=0)``, part by part for a
+    tuple of tensors); ``length`` gives a chunk's token count (default ``len``, of the first
+    part for a tuple). Indices must be registered in increasing order.
     """
 
     def __init__(self, concat: Callable[[list[Any]], Any] | None = None,
-                 length: Callable[[Any], int] = len) -> None:
+                 length: Callable[[Any], int] = _default_length) -> None:
         self._concat = concat or _default_concat
         self._length = length
         self._by_key: dict[str, _Pending] = {}

@@ -19,8 +19,9 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from ..extract import fp8
 from ..extract.ordering import BatchLayout, split_batch
-from ..extract.staging import HostStaging, StagedCopy
+from ..extract.staging import HostStaging, StagedCopy, per_request, to_host
 from ..rpc import runner_flavour
 from . import final_state_tap
 from .capture_plan import DEEPSEEK_FINAL_AUX, VLLM_VERSION, DeepseekV2Model, EagleModelMixin
@@ -232,15 +233,17 @@ def _embed(model: Any, flat_ids: list[int]) -> torch.Tensor:
 def collect(worker: Any, num_scheduled: dict[str, int], mode: str,
                     want: tuple[int, ...],
                     chunk_ids: dict[str, list[int]] | None = None,
-                    views: bool = False, staged: bool = False
-                    ) -> dict[str, torch.Tensor] | StagedCopy | None:
+                    views: bool = False, staged: bool = False, encode: str | None = None
+                    ) -> dict[str, Any] | StagedCopy | None:
     """Per-request ``[n_tokens, len(want), hidden]`` CPU tensors of this step (rank 0 only).
 
     ``views``: hand out slices of the step's one host buffer instead of a copy per request.
     Only for an in-process worker: a pickled view carries its whole buffer (H200, 1.1B Llama:
     the copies were about half of the ~100 ms of host work per 16k-token step).
     ``staged`` (in-process, CUDA): queue the copy into the worker's :class:`HostStaging` and
-    return the :class:`StagedCopy`; the states come from its ``finish()``, later."""
+    return the :class:`StagedCopy`; the states come from its ``finish()``, later.
+    ``encode="fp8"``: each request gets ``(states, scales)``, encoded here on the GPU
+    (:mod:`vllm_compat.extract.fp8`), so half the bytes cross to the host."""
     runner = worker.model_runner
     emb = None
     if chunk_ids is not None:
@@ -272,13 +275,11 @@ def collect(worker: Any, num_scheduled: dict[str, int], mode: str,
         return {}
     total = lay.total
     stacked = torch.stack([by_id[k][:total] for k in want], dim=1)
+    parts = fp8.encode(stacked) if encode == "fp8" else stacked
     if staged and stacked.is_cuda:
         st = worker.__dict__.get("_vllm_compat_staging")
         if st is None:
             st = worker._vllm_compat_staging = HostStaging()
         cap = getattr(getattr(runner, "scheduler_config", None), "max_num_batched_tokens", 0)
-        return st.start(stacked, lay, int(cap or 0))
-    stacked = stacked.to("cpu")
-    if views:
-        return {r: stacked[s:e] for r, s, e in zip(lay.req_ids, lay.starts, lay.ends)}
-    return {r: stacked[s:e].clone() for r, s, e in zip(lay.req_ids, lay.starts, lay.ends)}
+        return st.start(parts, lay, int(cap or 0))
+    return per_request(to_host(parts), lay, copy=not views)

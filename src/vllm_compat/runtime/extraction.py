@@ -23,6 +23,7 @@ from packaging.version import Version
 from vllm import LLM, SamplingParams
 
 from ..detect import detect
+from ..extract import fp8
 from ..extract.staging import StagedCopy
 from ..requests import make_request
 from ..rpc import collective_rpc
@@ -38,13 +39,14 @@ def _engine_args_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
-def _set_env(**values: str) -> dict[str, str | None]:
+def set_env(**values: str) -> dict[str, str | None]:
+    """Set environment variables; returns what to hand :func:`restore_env` afterwards."""
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     return old
 
 
-def _restore_env(old: Mapping[str, str | None]) -> None:
+def restore_env(old: Mapping[str, str | None]) -> None:
     for k, v in old.items():
         if v is None:
             os.environ.pop(k, None)
@@ -98,7 +100,7 @@ def _release_run_env(names: Iterable[str]) -> None:
         held[1] -= 1
         if held[1] <= 0:
             del _run_env_holds[k]
-            _restore_env({k: held[0]})
+            restore_env({k: held[0]})
 
 
 def engine_env(*, compiled: bool, aux_ids_for_workers: Sequence[int] = (),
@@ -135,13 +137,55 @@ def _refuse_unsupported(kw: Mapping[str, Any]) -> None:
         raise ValueError("pipeline_parallel_size > 1 is not supported")
 
 
-def _reset_envs_cache() -> None:
+def reset_envs_cache() -> None:
+    """Make vLLM read its environment variables again (before building another engine)."""
     # 0.2x: EngineCore.__init__ calls envs.enable_envs_cache(), freezing env reads for the
     # rest of the process; a second LLM must see our variables again.
     import vllm.envs as envs
     fn = getattr(envs, "disable_envs_cache", None)
     if fn is not None:
         fn()
+
+
+def _saved(path: str) -> bool:
+    import fcntl
+    lock = path + ".lock"
+    if not os.path.exists(lock):  # 0.17.1-0.21.0: synchronous save, no lock file
+        return os.path.exists(path)
+    with open(lock) as lf:
+        try:
+            fcntl.flock(lf, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(lf, fcntl.LOCK_UN)
+        return True
+
+
+def wait_hidden_states_saved(paths: Sequence[str], llm: LLM, timeout: float = 120.0) -> None:
+    """Until vLLM's hidden-states connector has written every file of ``paths`` (the
+    ``kv_transfer_params["hidden_states_path"]`` of ``generate()``'s outputs).
+
+    0.24.0+ saves in the worker's ``get_finished`` (PendingSave) and holds a LOCK_EX on
+    ``<path>.lock`` until then; ``LLM.generate`` returns as soon as the request's output
+    is out, before that step runs. ``load_hidden_states`` (0.22.1+) then blocks on LOCK_SH
+    for ever in an in-process engine (seen on 0.26.0, H200). We take the lock non-blocking
+    and, for an in-process engine core (which would otherwise stall), step it meanwhile; a
+    separate engine-core process keeps stepping on its own. Deadline: ``timeout`` seconds.
+    """
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    pending = list(paths)
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = [p for p in pending if not _saved(p)]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"vLLM's hidden-states connector did not write {len(pending)} "
+                               f"file(s) within {timeout:.0f} s, e.g. {pending[0]}")
+        if core is not None and core.scheduler.has_requests():
+            core.step()
+        else:
+            time.sleep(0.002)
 
 
 class ExtractionEngine:
@@ -152,8 +196,10 @@ class ExtractionEngine:
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  enforce_eager: bool = False, gpu_memory_utilization: float = 0.5,
                  overlap_copy: bool | None = None, launch_ahead: bool | None = None,
+                 states_dtype: torch.dtype | None = None,
                  llm_kwargs: Mapping[str, Any] | None = None) -> None:
         kw = dict(llm_kwargs or {})
+        self.states_dtype = states_dtype
         _refuse_unsupported(kw)
         self.plan = plan(target, layer_ids, backend=backend, enforce_eager=enforce_eager)
         self.target = target
@@ -234,9 +280,9 @@ class ExtractionEngine:
             compiled=not args["enforce_eager"],
             aux_ids_for_workers=self.plan.native_ids if self._aux_in_worker_processes else (),
             tap_for_workers=self._aux_in_worker_processes and self.plan.tap_final)
-        old_build = _set_env(**build)
+        old_build = set_env(**build)
         _hold_run_env(run)
-        _reset_envs_cache()
+        reset_envs_cache()
         try:
             with capture_worker.aux_configured(
                     self.plan.native_ids if self.plan.mode == "aux" else None,
@@ -246,8 +292,8 @@ class ExtractionEngine:
             _release_run_env(run)
             raise
         finally:
-            _restore_env(old_build)
-            _reset_envs_cache()
+            restore_env(old_build)
+            reset_envs_cache()
         self._run_env = tuple(run)
         return llm
 
@@ -298,6 +344,23 @@ class ExtractionEngine:
         self.launch_ahead = bool(launch_ahead)
         self._emb0 = self.plan.mode == "aux" and 0 in self.layer_ids
         self._pending: dict[str, tuple[list[int], int]] = {}  # req -> (prompt, offset)
+
+    @property
+    def states_dtype(self) -> torch.dtype | None:
+        """None: states in the model's dtype; ``torch.float8_e4m3fn``: FP8 with scales,
+        encoded in the worker, on the GPU, before the copy to the host. Settable between
+        extractions."""
+        return fp8.FP8_DTYPE if self._encode == "fp8" else None
+
+    @states_dtype.setter
+    def states_dtype(self, dtype: torch.dtype | None) -> None:
+        if dtype is not None and not fp8.is_fp8(dtype):
+            raise ValueError(f"states_dtype must be None (the model's dtype) or "
+                             f"torch.float8_e4m3fn, got {dtype}")
+        pipe = getattr(self, "_pipe", None)  # None while __init__ runs, and for native
+        if pipe is not None and (pipe.in_flight or self._tickets):
+            raise RuntimeError("states_dtype changed while an extraction was running")
+        self._encode = "fp8" if dtype is not None else None
 
     @property
     def _steps(self) -> StepPipeline:
@@ -420,13 +483,13 @@ class ExtractionEngine:
                     self._pending[rid] = (ids, off + n)
         chunks = collective_rpc(self.executor, capture_worker.collect, args=(
             dict(so.num_scheduled_tokens), self.plan.mode, self.layer_ids, chunk_ids,
-            self._in_process_worker, self.overlap_copy), rank=0)
+            self._in_process_worker, self.overlap_copy, self._encode), rank=0)
         self._collect_s += time.perf_counter() - t0
         return chunks
 
     # ---- native: vLLM's own extract_hidden_states + connector
 
-    def run_native(self, batch: Sequence[tuple[str, Sequence[int]]]) -> list[torch.Tensor]:
+    def run_native(self, batch: Sequence[tuple[str, Sequence[int]]]) -> list[Any]:
         from vllm.inputs import TokensPrompt
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for _, ids in batch]
         outs = self.llm.generate(prompts, self._sp, use_tqdm=False)
@@ -440,45 +503,16 @@ class ExtractionEngine:
             self._wait_saved(path)
             from safetensors.torch import load_file
             data = load_file(path, device="cpu")
-            hs = data["hidden_states"][: len(ids)]
-            res.append(hs[:, pos].clone())
+            hs = data["hidden_states"][: len(ids)][:, pos]
+            # vLLM's connector writes the model's dtype: FP8 is encoded here, on the CPU
+            res.append(fp8.encode(hs) if self._encode == "fp8" else hs.clone())
             for p in (path, path + ".lock"):
                 with contextlib.suppress(OSError):
                     os.remove(p)
         return res
 
     def _wait_saved(self, path: str, timeout: float = 120.0) -> None:
-        """Step the engine until the connector has written ``path``.
-
-        0.24.0+ saves in the worker's ``get_finished`` (PendingSave) and holds a LOCK_EX on
-        ``<path>.lock`` until then; ``LLM.generate`` returns as soon as the request's output
-        is out, before that step runs. ``load_hidden_states`` (0.22.1+) then blocks on
-        LOCK_SH for ever in an in-process engine (seen on 0.26.0, H200). We take the lock
-        non-blocking and step the engine core meanwhile, with a deadline.
-        """
-        import fcntl
-        import time
-        lock = path + ".lock"
-        deadline = time.monotonic() + timeout
-        while True:
-            if not os.path.exists(lock):  # 0.17.1-0.21.0: synchronous save, no lock file
-                if os.path.exists(path):
-                    return
-            else:
-                with open(lock) as lf:
-                    try:
-                        fcntl.flock(lf, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                        fcntl.flock(lf, fcntl.LOCK_UN)
-                        return
-                    except BlockingIOError:
-                        pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vLLM's hidden-states connector did not write {path} within "
-                                   f"{timeout:.0f} s")
-            if self.core is not None and self.core.scheduler.has_requests():
-                self.core.step()
-            else:
-                time.sleep(0.01)
+        wait_hidden_states_saved([path], self.llm, timeout)
 
     # ---- helpers for tests / callers
 
@@ -522,6 +556,6 @@ class ExtractionEngine:
             free_gpu_memory()
             _release_run_env(self._run_env)
             self._run_env = ()
-            _reset_envs_cache()
+            reset_envs_cache()
             if self._tmpdir:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)

@@ -5,6 +5,8 @@ built locally, nothing downloaded.
   config-only tiny Llama for driving the scheduler (:func:`write_tiny_llama_config`).
 - :mod:`.synthetic`: a minimal target and a hidden-state dataset that a working EAGLE-3
   trainer learns from in seconds on the CPU.
+- :mod:`.replicas`: kill an extraction replica mid-unit (:class:`ReplicaKiller`), for tests
+  of the resume path.
 - :mod:`.kimi_k25`: a faithful, scaled-down Kimi-K2.5 checkpoint (wrapper config, INT4
   experts, tokenizer, image processor).
 
@@ -14,7 +16,8 @@ Needs torch (and transformers for :func:`build_model`).
 from __future__ import annotations
 
 from .models import SHAPES, build_model, copy_tokenizer, model_config, write_tiny_llama_config
+from .replicas import ReplicaKiller
 from .synthetic import write_dataset, write_target
 
-__all__ = ["SHAPES", "build_model", "copy_tokenizer", "model_config", "write_dataset",
-           "write_target", "write_tiny_llama_config"]
+__all__ = ["SHAPES", "ReplicaKiller", "build_model", "copy_tokenizer", "model_config",
+           "write_dataset", "write_target", "write_tiny_llama_config"]

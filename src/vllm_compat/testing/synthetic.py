@@ -59,10 +59,12 @@ def write_dataset(
     hot_tokens: int = 24,
     seed: int = 0,
     samples_per_shard: int = 3,
+    dtype: torch.dtype = torch.float32,
 ) -> str:
     """Token chains over ``hot_tokens`` fixed random ids that mostly follow a fixed successor
     table, with a final state from which the target predicts exactly the next token. The
-    draft can learn the table; the first quarter of each sample is "prompt" (not trained on)."""
+    draft can learn the table; the first quarter of each sample is "prompt" (not trained on).
+    ``dtype``: the stored states' (float8_e4m3fn: FP8 with scales)."""
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
     lm_head = load_file(str(Path(target_dir) / "model.safetensors"))["lm_head.weight"]
     hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
@@ -71,7 +73,7 @@ def write_dataset(
     hot_ids = torch.randperm(cfg["vocab_size"], generator=fixed)[:hot_tokens]  # scattered over the vocab
     successor = torch.randperm(hot_tokens, generator=fixed)
     with ShardWriter(directory, hidden_size=hidden, aux_layer_ids=list(aux_layer_ids),
-                     final_layer_id=layers, dtype=torch.float32, samples_per_shard=samples_per_shard,
+                     final_layer_id=layers, dtype=dtype, samples_per_shard=samples_per_shard,
                      target={"name_or_path": str(target_dir), "vocab_size": cfg["vocab_size"],
                              "num_hidden_layers": layers}) as w:
         for _ in range(num_samples):
