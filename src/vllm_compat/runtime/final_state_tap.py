@@ -41,7 +41,7 @@ def _(out: torch.Tensor, residual: torch.Tensor, sink_id: int) -> torch.Tensor:
 
 def _tapped(cls: type) -> type:
     def forward(self: Any, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
-        got = super(tapped, self).forward(x, residual)
+        got = cls.forward(self, x, residual)  # vLLM's norm, unchanged
         if residual is None:  # not the final fused add-norm: nothing to tap
             return got
         out, res = got
@@ -58,7 +58,7 @@ def install(norm: torch.nn.Module, rows: int, hidden_size: int, dtype: torch.dty
     sink = torch.zeros(rows, hidden_size, dtype=dtype, device=device)
     sink_id = next(_IDS)
     _SINKS[sink_id] = sink
-    norm._vllm_compat_sink = sink_id
+    setattr(norm, "_vllm_compat_sink", sink_id)  # read by the tapped forward (a constant to dynamo)
     norm.__class__ = _tapped(type(norm))
     return sink
 

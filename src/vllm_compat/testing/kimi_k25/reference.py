@@ -36,7 +36,7 @@ def kimi_k25_text_model_for_reference(path: str | os.PathLike[str],
     d = Path(path)
     config = hf_text_config(json.loads((d / "config.json").read_text())["text_config"])
     state = text_state_dict_from_checkpoint(load_file(str(d / "model.safetensors")))
-    model = DeepseekV3ForCausalLM(config)
+    model: Any = DeepseekV3ForCausalLM(config)
     # transformers 5 keeps a layer's experts in two 3-D tensors, 4.x one module per expert.
     if any(k.endswith("mlp.experts.gate_up_proj") for k in model.state_dict()):
         state = fuse_experts(state, config.n_routed_experts)
