@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 from vllm_compat.speculators import layers
 from vllm_compat.speculators.vllm_hidden_states_generator import (
+    VllmHiddenStatesGenerator,
     prepare_prompts,
     resolve_layer_ids,
     samples_to_results,
@@ -548,3 +549,21 @@ def test_cli_refuses_contradictory_flags(qwen12, tmp_path, extra, capsys):
     assert exc.value.code == 2
     assert f"--layer-convention {extra[1]} contradicts {extra[2]}" in capsys.readouterr().err
     assert RecordingExtractor.calls == []
+
+
+def test_a_tokenizer_shipped_as_code_needs_the_opt_in(tmp_path):
+    """Kimi-K2.5's tokenizer is code in the checkpoint: the drop-in runs it only with
+    trust_remote_code=True (speculators ran it unasked), and says which code otherwise."""
+    pytest.importorskip("tiktoken")
+    from vllm_compat.testing.kimi_k25 import write_kimi_k25_checkpoint
+    from vllm_compat.tokenizer import RemoteCodeRefusedError
+
+    kimi = str(write_kimi_k25_checkpoint(tmp_path / "kimi", num_layers=2, hidden_size=128,
+                                         image_processor=False))
+    gen = VllmHiddenStatesGenerator.__new__(VllmHiddenStatesGenerator)  # the engine is not needed
+    gen.model_path, gen._tokenizer = kimi, None
+    gen.trust_remote_code = False
+    with pytest.raises(RemoteCodeRefusedError, match="tokenization_kimi.TikTokenTokenizer"):
+        gen.tokenizer
+    gen.trust_remote_code = True
+    assert gen.tokenizer.convert_tokens_to_ids("<|im_end|>") == 163586

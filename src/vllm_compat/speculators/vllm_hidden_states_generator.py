@@ -61,7 +61,16 @@ def _model_config(model_path: str, trust_remote_code: bool = False) -> Any:
             ) from None
         with open(path) as f:
             return json.load(f, object_hook=lambda d: SimpleNamespace(**d))
-    return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    try:
+        return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except ValueError:
+        # a model type transformers does not know and the checkpoint ships no code for (vLLM
+        # has its own config class for it, e.g. Kimi-K2.5's kimi_k25): its config.json
+        path = os.path.join(model_path, "config.json")
+        if not os.path.isfile(path):
+            raise
+        with open(path) as f:
+            return json.load(f, object_hook=lambda d: SimpleNamespace(**d))
 
 
 def local_model_path(model_path: str) -> str:
@@ -289,10 +298,11 @@ class VllmHiddenStatesGenerator:
     def tokenizer(self) -> Any:
         """The target model's tokenizer (loaded on first use; speculators loaded it eagerly)."""
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
+            from ..tokenizer import load_tokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(
-                self.model_path, trust_remote_code=self.trust_remote_code)
+            # a tokenizer shipped as code (Kimi-K2.5's) is refused unless trust_remote_code
+            self._tokenizer = load_tokenizer(local_model_path(self.model_path),
+                                             trust_remote_code=self.trust_remote_code)
         return self._tokenizer
 
     @property
