@@ -2,13 +2,14 @@
 
     python -m bench.gpu_models --model llama-1b --out /tmp/vllm-compat-bench/llama-1b
 
-Shapes: ``llama-1b`` (hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192,
-vocab 32000), ``llama-8b`` (Llama-3.1-8B's dimensions), ``deepseek-tiny`` (the MLA + MoE
-model of ``tests/gpu/_models.py``, with a longer position range for 2048-token prompts) and
-``llama-tiny`` (CPU tests). Weights are built on the target device directly in bf16 with
-transformers' own init (normal, std ``initializer_range`` = 0.02, norms at 1): an 8B shape
-is a few GPU kernels, and the states stay finite through 32 layers. A finished build leaves
-``.bench-spec.json``; a second call with the same spec reuses the directory.
+Shapes (:data:`SPECS`): ``llama-1b`` (hidden 2048, 16 layers, 32 heads, 8 KV heads,
+intermediate 8192, vocab 32000), ``llama-8b`` (Llama-3.1-8B's dimensions), ``deepseek-tiny``
+(MLA + MoE, scaled down), ``llama-tiny`` (CPU tests), all built by
+:func:`vllm_compat.testing.models.build_model` on the target device in bf16 with
+transformers' own init (an 8B shape is a few GPU kernels); and ``kimi-tp8``, a Kimi-K2.5
+checkpoint (:mod:`vllm_compat.testing.kimi_k25`) at the real model's per-GPU widths under
+tensor parallelism 8. A finished build leaves ``.bench-spec.json``; a second call with the
+same spec reuses the directory.
 """
 
 from __future__ import annotations
@@ -22,81 +23,52 @@ import time
 from pathlib import Path
 from typing import Any
 
-MAX_POS = 4096
-_COMMON = dict(max_position_embeddings=MAX_POS, rms_norm_eps=1e-5, tie_word_embeddings=False,
-               bos_token_id=1, eos_token_id=2, initializer_range=0.02)
-
+# The benchmark's models: shapes of vllm_compat.testing.models, and a Kimi-K2.5-shaped
+# model at the real model's per-GPU widths under tensor parallelism 8 (hidden 7168, 8 heads,
+# expert width 256, MLA 512/64), fewer layers and experts, INT4 routed experts, so the GPU and
+# not the engine loop binds.
 SPECS: dict[str, dict[str, Any]] = {
-    "llama-1b": dict(kind="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
-                     num_key_value_heads=8, intermediate_size=8192, vocab_size=32000),
-    # meta-llama/Llama-3.1-8B: rope theta 500000 (its llama3 rope scaling changes no cost).
-    "llama-8b": dict(kind="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                     num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
-                     rope_theta=500000.0),
-    # tests/gpu/_models.py "deepseek_v3" (Kimi-K2.5's backbone, scaled down), max_pos 4096.
-    "deepseek-tiny": dict(
-        kind="deepseek_v3", vocab_size=1024, hidden_size=256, intermediate_size=512,
-        moe_intermediate_size=128, num_hidden_layers=4, num_attention_heads=16,
-        num_key_value_heads=16, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
-        n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
-        norm_topk_prob=True, kv_lora_rank=512, q_lora_rank=192, qk_rope_head_dim=64,
-        qk_nope_head_dim=128, v_head_dim=128, topk_method="noaux_tc", scoring_func="sigmoid",
-        rope_scaling=None),
-    "llama-tiny": dict(kind="llama", hidden_size=64, num_hidden_layers=8, num_attention_heads=4,
-                       num_key_value_heads=2, intermediate_size=128, vocab_size=512),
+    "llama-1b": {"shape": "llama-1b"},
+    "llama-8b": {"shape": "llama-8b"},
+    "deepseek-tiny": {"shape": "deepseek-tiny"},
+    "llama-tiny": {"shape": "llama-tiny"},
+    "kimi-tp8": {"kimi_k25": dict(variant="int4", num_layers=12, hidden_size=7168,
+                                  intermediate_size=2304, num_attention_heads=8, q_lora_rank=1536,
+                                  n_routed_experts=48, num_experts_per_tok=8,
+                                  moe_intermediate_size=256)},
 }
 SPEC_FILE = ".bench-spec.json"
 
 
 def make_config(name: str) -> Any:
-    import transformers as tf
-    spec = dict(SPECS[name])
-    kind = spec.pop("kind")
-    cls = {"llama": tf.LlamaConfig, "deepseek_v3": tf.DeepseekV3Config}[kind]
-    return cls(**{**_COMMON, **spec})
+    from vllm_compat.testing.models import model_config
+
+    return model_config(SPECS[name]["shape"])
 
 
 def build(name: str, out: str | os.PathLike[str], *, device: str = "cuda", seed: int = 0,
           force: bool = False) -> dict[str, Any]:
-    """Save ``name``'s random bf16 checkpoint in ``out`` (safetensors); returns build info."""
-    import torch
-    import transformers as tf
+    """Save ``name``'s random checkpoint in ``out`` (safetensors); returns build info. A build
+    with the same spec already there is kept."""
+    from vllm_compat.testing.models import SHAPES, build_model
+
     out = Path(out)
-    want = {"name": name, "spec": SPECS[name], "common": _COMMON, "seed": seed}
+    spec = SPECS[name]
+    want = {"name": name, "spec": SHAPES.get(spec.get("shape", ""), spec), "seed": seed}
     marker = out / SPEC_FILE
     if not force and marker.is_file():
         have = json.loads(marker.read_text())
         if {k: have.get(k) for k in want} == json.loads(json.dumps(want)):
             return dict(have, reused=True)
-    cfg = make_config(name)
     t0 = time.perf_counter()
-    cls = {"llama": tf.LlamaForCausalLM,
-           "deepseek_v3": tf.DeepseekV3ForCausalLM}[SPECS[name]["kind"]]
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = cls._from_config(cfg, dtype=torch.bfloat16)
-    model.to(device)  # a no-op unless transformers built it elsewhere
-    with torch.no_grad():
-        for n, t in [*model.named_parameters(), *model.named_buffers()]:
-            if n.endswith("e_score_correction_bias"):  # non-trivial routing, as in real ckpts
-                t.uniform_(-0.05, 0.05)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    t_init = time.perf_counter() - t0
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
-    n_params = sum(p.numel() for p in model.parameters())
-    del model
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    cfg_path = out / "config.json"
-    saved = json.loads(cfg_path.read_text())
-    saved.setdefault("torch_dtype", "bfloat16")
-    if SPECS[name]["kind"] == "deepseek_v3":  # vLLM's loader needs these explicit
-        saved.update(topk_method="noaux_tc", scoring_func="sigmoid")
-    cfg_path.write_text(json.dumps(saved, indent=1))
-    info = dict(want, params=n_params, init_s=round(t_init, 2),
-                build_s=round(time.perf_counter() - t0, 2), device=device, reused=False)
+    if "kimi_k25" in spec:
+        from vllm_compat.testing.kimi_k25 import write_kimi_k25_checkpoint
+
+        write_kimi_k25_checkpoint(out, seed=seed, image_processor=True, **spec["kimi_k25"])
+    else:
+        build_model(spec["shape"], out, seed=seed, device=device)
+    info = dict(want, params=count_params(out)["total"], build_s=round(time.perf_counter() - t0, 2),
+                device=device, reused=False)
     marker.write_text(json.dumps(info, indent=1))
     return info
 
