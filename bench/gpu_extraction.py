@@ -342,9 +342,13 @@ def make_llm(ckpt: str, args: argparse.Namespace, **extra: Any) -> tuple[Any, fl
 
     from vllm_compat.runtime.extraction import reset_envs_cache
     reset_envs_cache()  # a previous engine froze vLLM's environment reads
+    from vllm_compat.target import read_target
+
     kw = dict(model=ckpt, skip_tokenizer_init=True, enable_prefix_caching=False, seed=0,
               dtype="bfloat16", max_model_len=args.max_model_len,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
+    if read_target(ckpt).is_multimodal_wrapper:  # Kimi-K2.5: text only, as the extractor runs it
+        kw["language_model_only"] = True
     kw.update(extra)
     t0 = time.perf_counter()
     llm = LLM(**kw)
@@ -704,19 +708,11 @@ class Bench:
         if self.extractor is None:
             from vllm_compat.extract import HiddenStatesExtractor
             a = self.args
-            saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
             t0 = time.perf_counter()
-            try:
-                self.extractor = HiddenStatesExtractor(
-                    self.ckpt, layer_ids=self.layer_ids, max_model_len=a.max_model_len,
-                    gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager,
-                    max_in_flight=a.max_in_flight, dtype="bfloat16")
-            finally:
-                # The extractor leaves the in-process switch set; later plain LLMs must not see it.
-                if saved is None:
-                    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-                else:
-                    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+            self.extractor = HiddenStatesExtractor(
+                self.ckpt, layer_ids=self.layer_ids, max_model_len=a.max_model_len,
+                gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager,
+                max_in_flight=a.max_in_flight, dtype="bfloat16")
             self.extractor_startup = round(time.perf_counter() - t0, 1)
             self.extractor_info = dict(self.extractor.info, engine=engine_info(self.extractor.llm))
         return self.extractor
