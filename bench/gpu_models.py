@@ -94,10 +94,10 @@ def count_params(ckpt: str | os.PathLike[str]) -> dict[str, int]:
     cfg = json.loads((Path(ckpt) / "config.json").read_text())
     cfg = cfg.get("text_config") or cfg
     shapes = _safetensors_headers(ckpt)
-    numel = {k: int(_prod(s)) for k, s in shapes.items()}
+    numel = {k: _weights(k, s) for k, s in shapes.items()}
     total = sum(numel.values())
     emb = sum(v for k, v in numel.items() if k.endswith("embed_tokens.weight"))
-    head = sum(v for k, v in numel.items() if k.startswith("lm_head."))
+    head = sum(v for k, v in numel.items() if k.endswith("lm_head.weight"))  # language_model.lm_head
     experts = sum(v for k, v in numel.items() if ".experts." in k)
     matmul = total - emb - head
     E = cfg.get("n_routed_experts") or cfg.get("num_local_experts")
@@ -105,6 +105,14 @@ def count_params(ckpt: str | os.PathLike[str]) -> dict[str, int]:
     inactive = experts - experts * k // E if experts and E and k else 0
     return {"total": total, "embedding": emb, "lm_head": head, "routed_experts": experts,
             "active": total - inactive, "matmul": matmul, "active_matmul": matmul - inactive}
+
+
+def _weights(name: str, shape: list[int]) -> int:
+    """Weights a tensor stands for: compressed-tensors INT4 packs 8 in each int32 of
+    ``weight_packed``; its scales and shapes are no weights."""
+    if name.endswith(("weight_scale", "weight_shape")):
+        return 0
+    return _prod(shape) * (8 if name.endswith("weight_packed") else 1)
 
 
 def _prod(shape: list[int]) -> int:
