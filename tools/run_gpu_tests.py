@@ -1,6 +1,6 @@
 """Run tests/gpu against the vLLM installed here and write one JSON report.
 
-    python tools/run_gpu_tests.py --out gpu-report.json [-- pytest args]
+    python tools/run_gpu_tests.py --out gpu-report.json [-- pytest args, test files]
 
 What ``nox -s gpu`` runs after it has installed vLLM; on a GPU host that cannot reach
 PyPI, install vLLM by other means and run this directly. The report holds the versions
@@ -59,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, VLLM_COMPAT_GPU_RESULTS=str(records))
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # greedy tests never reach it; no JIT
     t0 = time.monotonic()
-    rc = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests" / "gpu"), "-m", "gpu",
+    # test files or folders among the arguments replace the default, the whole tests/gpu
+    paths = [x for x in a.pytest_args if not x.startswith("-") and (ROOT / x.split("::")[0]).exists()]
+    targets = [] if paths else [str(ROOT / "tests" / "gpu")]
+    rc = subprocess.run([sys.executable, "-m", "pytest", *targets, "-m", "gpu",
                          "-p", "no:cacheprovider", f"--junitxml={junit}", *a.pytest_args],
                         cwd=ROOT, env=env).returncode
     rows = outcomes(junit)
