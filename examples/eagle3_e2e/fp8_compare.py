@@ -91,7 +91,9 @@ def evaluate_one(draft: Path, target: Path, eval_prompts: Path, out: Path, a: ar
 
     res = evaluate(EvalConfig(target=str(target), draft=str(draft), prompts_file=str(eval_prompts),
                               output_dir=str(out), ks=[a.k], ngram_ks=[], baseline=False,
-                              enforce_eager=a.enforce_eager, label="fp8 vs bf16"), log=print)
+                              enforce_eager=a.enforce_eager, label="fp8 vs bf16",
+                              engine_kwargs=json.loads(a.engine_kwargs) if a.engine_kwargs else {}),
+                   log=print)
     [entry] = res["configs"]
     if entry.get("status") != "ok":
         raise RuntimeError(f"evaluating {draft}: {entry.get('error')}")
@@ -141,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=3, help="speculative tokens served")
     ap.add_argument("--tolerance", type=float, default=0.02)
     ap.add_argument("--enforce-eager", action="store_true", help="serve without CUDA graphs (faster start)")
+    ap.add_argument("--engine-kwargs", help="JSON: more vllm.LLM keywords, e.g. a fixed kv_cache_memory_bytes "
+                                            "where other processes share the GPU")
     a = ap.parse_args(argv)
     work, out = Path(a.work), Path(a.out)
     mdir = work / a.model

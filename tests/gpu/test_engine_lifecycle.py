@@ -1,8 +1,9 @@
 """Engines opened and closed many times in one job (needs a GPU).
 
 * A ``HiddenStatesExtractor`` opened, used and closed ``CYCLES`` times in one process gives
-  its GPU memory back every time: the free memory after each close
-  (``torch.cuda.mem_get_info``) is within ``MARGIN`` of the free memory after the first close,
+  its GPU memory back every time: the memory this process holds after each close
+  (``torch.cuda.memory_reserved``: other processes may share the GPU) is within ``MARGIN`` of
+  what it held after the first close,
   with every closed extractor still referenced, and every cycle returns the first cycle's
   states; nothing the extractor set in the environment is left after its close. Eager, and compiled (torch.compile +
   CUDA graphs, where vLLM's process-wide graph pool and dynamo's hooks are what is tested).
@@ -53,20 +54,27 @@ def llama(tmp_path_factory):
     return M.build("llama", str(tmp_path_factory.mktemp("llama")))
 
 
-def free_bytes() -> int:
+def held_bytes() -> int:
+    """GPU memory this process holds through PyTorch's allocator (the engine's weights, KV
+    cache, activations and CUDA graphs all live there): unlike the device's free memory, it
+    does not move when other processes share the GPU."""
     torch.cuda.synchronize()
-    return torch.cuda.mem_get_info()[0]
+    return torch.cuda.memory_reserved()
 
 
-def settled_free(at_least: int, timeout: float = 15.0) -> int:
-    """Free memory once it reaches ``at_least`` (a closed engine-core process may take a moment
-    to exit), or the most seen within ``timeout``."""
+def children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def gone(pids: set[int], timeout: float = 30.0) -> bool:
+    """Whether the processes ``pids`` (an engine core and its workers) have exited; other
+    children of the test process (compile workers of an earlier engine) do not count."""
     deadline = time.monotonic() + timeout
-    best = free_bytes()
-    while best < at_least and time.monotonic() < deadline:
+    while pids & children() and time.monotonic() < deadline:
         time.sleep(0.2)
-        best = max(best, free_bytes())
-    return best
+    return not pids & children()
 
 
 def engine_env() -> dict[str, str | None]:
@@ -82,8 +90,8 @@ def extract(path: str, *, compiled: bool = False) -> tuple[list, int, HiddenStat
                                enforce_eager=not compiled, dtype="bfloat16", kv_cache_memory_bytes=KV_BYTES,
                                **kw) as ex:
         samples = list(ex.extract(M.prompts()))
-        free_open = free_bytes()
-    return samples, free_open, ex
+        held_open = held_bytes()
+    return samples, held_open, ex
 
 
 def same_states(got: list, ref: list) -> float:
@@ -95,33 +103,33 @@ def same_states(got: list, ref: list) -> float:
 
 
 def assert_memory_back(after: list[int], label: str) -> None:
-    lost = [round((after[0] - a) / MIB, 1) for a in after]
-    assert max(lost) <= MARGIN / MIB, (
-        f"{label}: free memory after each close fell by {lost} MiB from the first close's "
+    kept = [round((a - after[0]) / MIB, 1) for a in after]
+    assert max(kept) <= MARGIN / MIB, (
+        f"{label}: memory held after each close grew by {kept} MiB from the first close's "
         f"(allowed {MARGIN // MIB} MiB)")
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_extractor_reopened_five_times_gives_its_memory_back(llama, compiled):
     env = engine_env()
-    start = free_bytes()
+    start = held_bytes()
     ref, after, during, worst, closed = None, [], [], 0.0, []
     for cycle in range(CYCLES):
-        samples, free_open, ex = extract(llama, compiled=compiled)
+        samples, held_open, ex = extract(llama, compiled=compiled)
         closed.append(ex)
-        during.append(free_open)
-        after.append(free_bytes())
+        during.append(held_open)
+        after.append(held_bytes())
         assert engine_env() == env, f"cycle {cycle}: the closed extractor left variables set"
         if ref is None:
             ref = samples
         else:
             worst = max(worst, same_states(samples, ref))
     M.record(f"lifecycle:extractor:{'compiled' if compiled else 'eager'}", cycles=CYCLES,
-             free_start_mib=start // MIB, free_open_mib=[d // MIB for d in during],
-             free_after_close_mib=[a // MIB for a in after], margin_mib=MARGIN // MIB,
+             held_start_mib=start // MIB, held_open_mib=[d // MIB for d in during],
+             held_after_close_mib=[a // MIB for a in after], margin_mib=MARGIN // MIB,
              worst_rel_vs_first=worst)
     # each close gave the engine's memory back (its KV cache alone is more than the margin)...
-    assert all(a - d > KV_BYTES // 2 for a, d in zip(after, during)), (during, after)
+    assert all(d - a > KV_BYTES // 2 for a, d in zip(after, during)), (during, after)
     # ...and the closed extractors, all still referenced, hold none of it
     assert_memory_back(after, "extractor")
 
@@ -138,25 +146,28 @@ def test_extractor_and_evaluation_engines_alternate(llama):
     for cycle in range(CYCLES):
         states, _, ex = extract(llama)
         closed.append(ex)
-        after.append(free_bytes())
+        after.append(held_bytes())
         assert engine_env() == env, f"cycle {cycle}: the closed extractor left variables set"
+        before = children()
         llm = serve.open_llm(llama, enforce_eager=True, gpu_memory_utilization=0.05, max_model_len=M.MAX_LEN,
                              skip_tokenizer_init=True, max_num_seqs=8, kv_cache_memory_bytes=KV_BYTES,
                              log_stats=False)
+        engine = children() - before
         try:
             in_process.append(serve.engine_in_process(llm))
             outs = serve.generate(llm, prompts, max_tokens=16)
         finally:
             serve.close_llm(llm)
             del llm
-        after.append(settled_free(after[0] - MARGIN))
+        assert engine and gone(engine), f"cycle {cycle}: the evaluation engine's processes outlived its close"
+        after.append(held_bytes())
         if ref_states is None:
             ref_states, ref_outs = states, outs
         else:
             same_states(states, ref_states)
             assert outs == ref_outs, f"cycle {cycle}: greedy outputs changed"
         assert all(len(o) == 16 for o in outs)
-    M.record("lifecycle:extractor+evaluation", cycles=CYCLES, free_after_close_mib=[a // MIB for a in after],
+    M.record("lifecycle:extractor+evaluation", cycles=CYCLES, held_after_close_mib=[a // MIB for a in after],
              margin_mib=MARGIN // MIB, evaluation_engine_in_process=in_process)
     assert in_process == [False] * CYCLES, "an evaluation engine ran its core in this process"
     assert_memory_back(after, "extractor + evaluation engine")

@@ -41,7 +41,8 @@ def ckpts(tmp_path_factory):
 def _extract(path: str, tp: int, prompts, **kw):
     with HiddenStatesExtractor(path, layer_ids=(1, 2, 4), tensor_parallel_size=tp,
                                max_model_len=M.MAX_LEN, gpu_memory_utilization=GPU_MEM,
-                               enforce_eager=True, trust_remote_code=True, **kw) as ex:
+                               enforce_eager=True, trust_remote_code=True,
+                               **{**M.engine_kwargs(), **kw}) as ex:
         return list(ex.extract(prompts)), ex.info
 
 
@@ -71,7 +72,8 @@ def test_long_run_returns_every_kv_block(ckpts, tp):
     rounds.append(rounds[0])
     with HiddenStatesExtractor(ckpts["llama"], layer_ids=(2, 4), tensor_parallel_size=tp,
                                max_model_len=M.MAX_LEN, max_num_batched_tokens=256,
-                               gpu_memory_utilization=GPU_MEM, enforce_eager=True) as ex:
+                               gpu_memory_utilization=GPU_MEM, enforce_eager=True,
+                               **M.engine_kwargs()) as ex:
         free0, total = ex.kv_blocks()
         assert free0 == total - 1  # everything but the null block
         firsts, frees = None, []
@@ -104,7 +106,7 @@ def test_tp2_extract_dataset_writes_each_sample_once(ckpts, tmp_path):
             f.write(json.dumps({"line": i, "input_ids": p, "loss_mask": [1] * len(p)}) + "\n")
     n = extract_dataset(ckpts["llama"], prep, tmp_path / "ds", [1, 2], tensor_parallel_size=2,
                         samples_per_shard=5, progress=False, max_model_len=M.MAX_LEN,
-                        gpu_memory_utilization=GPU_MEM, enforce_eager=True)
+                        gpu_memory_utilization=GPU_MEM, enforce_eager=True, **M.engine_kwargs())
     ds = HiddenStatesDataset(tmp_path / "ds")
     assert n == len(ps) == len(ds)
     assert [ds[i]["input_ids"].tolist() for i in range(len(ds))] == ps

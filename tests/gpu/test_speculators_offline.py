@@ -48,7 +48,7 @@ def reference(ckpts, kind: str) -> list:
     if kind not in _REF:
         with HiddenStatesExtractor(ckpts[kind], layer_ids=REF_IDS, max_model_len=M.MAX_LEN,
                                    gpu_memory_utilization=float(GPU_MEM), enforce_eager=True,
-                                   trust_remote_code=True) as ex:
+                                   trust_remote_code=True, **M.engine_kwargs()) as ex:
             _REF[kind] = list(ex.extract(M.prompts()))
     return _REF[kind]
 
@@ -91,7 +91,8 @@ def test_offline_cli_matches_extraction_api(ckpts, kind, convention, tmp_path):
             "--train-data-path", str(tmp_path / "tokenized.jsonl"),
             "--output-dir", str(out), "--token-freq-path", str(tmp_path / "token_freq.pt"),
             "--seq-length", str(M.MAX_LEN), "--batch-size", "16", "--tensor-parallel-size", "1",
-            "--gpu-memory-utilization", GPU_MEM]
+            "--gpu-memory-utilization", GPU_MEM,
+            *[f"--kv-cache-memory-bytes={v}" for v in M.engine_kwargs().values()]]
     if convention == "vllm":
         argv += ["--layer-convention", "vllm"]
     assert offline.main(argv) == 0

@@ -191,6 +191,11 @@ def install_hooks(worker: Any, ids: tuple[int, ...]) -> int:
     return len(layers)
 
 
+def _unwrapped(model: Any) -> Any:
+    # 0.21+: under CUDA graphs the runner's model is a CUDAGraphWrapper around the model
+    return model.unwrap() if callable(getattr(model, "unwrap", None)) else model
+
+
 def describe(worker: Any) -> dict[str, Any]:
     runner = worker.model_runner
     return {
@@ -198,7 +203,7 @@ def describe(worker: Any) -> dict[str, Any]:
         "aux": getattr(runner, "_vllm_compat_aux", None),
         "tap_final": getattr(runner, "_vllm_compat_tap", None) is not None,
         "use_aux": bool(getattr(runner, "use_aux_hidden_state_outputs", False)),
-        "model": type(runner.model).__name__,
+        "model": type(_unwrapped(runner.model)).__name__,
         "hooks": sorted(getattr(getattr(worker, "_vllm_compat_hooks", None), "buf", {}) or []),
         "rank": getattr(worker, "rank", 0),
     }

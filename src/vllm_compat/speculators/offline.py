@@ -341,6 +341,8 @@ def make_generator(args: argparse.Namespace) -> Any:
         layer_convention=getattr(args, "layer_convention", None),
         legacy_layer_indices=getattr(args, "legacy_layer_indices", None),
         trust_remote_code=trust,
+        extractor_kwargs=({"kv_cache_memory_bytes": args.kv_cache_memory_bytes}
+                          if getattr(args, "kv_cache_memory_bytes", None) else None),
     )
 
 
@@ -445,6 +447,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="earlier spelling: --legacy-layer-indices = --layer-convention "
                         "speculators, --no-legacy-layer-indices = --layer-convention vllm")
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                   help="a fixed KV cache instead of --gpu-memory-utilization's share (vLLM then "
+                        "skips its memory profiling, which fails while other processes share the GPU)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default: --seq-length (as speculators)")
     p.add_argument("--trust-remote-code", action="store_true",
