@@ -7,7 +7,6 @@ cached for the module; every engine is closed before the next one starts.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 
@@ -331,32 +330,3 @@ def test_deepseek_on_v2_runner(ckpts):
              forced=v2["info"]["runner"], rel=rel)
     assert v2["info"]["runner"] == "v2"
     assert rel <= TOL_SAME
-
-
-KIMI = os.environ.get("VLLM_COMPAT_KIMI_K25_PATH")
-
-
-@pytest.mark.skipif(not KIMI, reason="set VLLM_COMPAT_KIMI_K25_PATH to a Kimi-K2.5 checkpoint")
-@pytest.mark.skipif(torch.cuda.device_count() < 8, reason="Kimi-K2.5 needs >= 8 GPUs (TP=8)")
-def test_kimi_k25_tp8_eagle3_layers():
-    from vllm_compat.extract.layers import (
-        eagle3_default_layers, num_layers_from_config, read_model_config)
-    cfg = read_model_config(KIMI)
-    L = num_layers_from_config(cfg)
-    g = torch.Generator().manual_seed(0)
-    lengths = [17, 900, 3, 256, 1500, 64, 33, 700, 5, 128, 2048]
-    ps = [torch.randint(100, 150000, (n,), generator=g).tolist() for n in lengths]
-    t0 = time.perf_counter()
-    with HiddenStatesExtractor(KIMI, tensor_parallel_size=8, max_model_len=4096,
-                               max_num_batched_tokens=1024, gpu_memory_utilization=0.85,
-                               trust_remote_code=True) as ex:
-        out = list(ex.extract(ps))
-        info = ex.info
-    ids = eagle3_default_layers(L)
-    hidden = (cfg.get("text_config") or cfg)["hidden_size"]
-    M.record("kimi_k25:tp8", info=info, wall_s=round(time.perf_counter() - t0, 1))
-    assert [s.index for s in out] == list(range(len(ps)))
-    for s, p in zip(out, ps):
-        assert s.layer_ids == ids
-        assert s.hidden_states.shape == (len(p), len(ids), hidden)
-        assert torch.isfinite(s.hidden_states.float()).all()

@@ -10,6 +10,7 @@ of 40 tokens (not a multiple of the 16-token KV block). Results go to
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -191,3 +192,47 @@ def test_kimi_starts_the_full_multimodal_way(kimi):
     finally:
         serve.close_llm(llm)
     M.record("kimi:multimodal_start", prompt=text, tokens=list(out[0].outputs[0].token_ids))
+
+
+# --------------------------------------------------------------------------- the real model
+
+KIMI = os.environ.get("VLLM_COMPAT_KIMI_K25_PATH")
+KIMI_DRAFT = os.environ.get("VLLM_COMPAT_KIMI_K25_DRAFT")  # a public EAGLE-3 draft, optional
+
+
+@pytest.mark.skipif(not KIMI, reason="set VLLM_COMPAT_KIMI_K25_PATH to a Kimi-K2.5 checkpoint")
+@pytest.mark.skipif(torch.cuda.device_count() < 8, reason="Kimi-K2.5 needs >= 8 GPUs (TP=8)")
+def test_real_kimi_k25_tp8():
+    """What the tiny lane checks, on the real checkpoint at TP=8: the EAGLE-3 ids + L
+    (2, 30, 58, 61), compiled, in input order, finite, every KV block back; and, given
+    ``VLLM_COMPAT_KIMI_K25_DRAFT``, what the installed vLLM makes of a public draft."""
+    from vllm_compat.extract import HiddenStatesExtractor
+    from vllm_compat.target import read_target
+
+    target = read_target(KIMI)
+    L = target.num_hidden_layers
+    g = torch.Generator().manual_seed(0)
+    lengths = [17, 900, 3, 256, 1500, 64, 33, 700, 5, 128, 2048]
+    ps = [torch.randint(100, 163_000, (n,), generator=g).tolist() for n in lengths]
+    t0 = time.perf_counter()
+    with HiddenStatesExtractor(target, tensor_parallel_size=8, max_model_len=4096,
+                               max_num_batched_tokens=1024, gpu_memory_utilization=0.85,
+                               trust_remote_code=True) as ex:
+        out = list(ex.extract(ps))
+        free, total = ex.kv_blocks()
+        info = ex.info
+    M.record("kimi_k25:tp8", info=info, wall_s=round(time.perf_counter() - t0, 1))
+    assert (info["mode"], info["enforce_eager"]) == ("aux", False), info
+    assert free == total - 1
+    assert [s.index for s in out] == list(range(len(ps)))
+    for s, p in zip(out, ps):
+        assert s.layer_ids == (2, L // 2, L - 3, L)
+        assert s.hidden_states.shape == (len(p), 4, target.hidden_size)
+        assert torch.isfinite(s.hidden_states.float()).all()
+    if KIMI_DRAFT:
+        from vllm_compat.eagle3 import validate
+
+        rep = validate(KIMI_DRAFT, KIMI, raise_on_error=False)
+        M.record("kimi_k25:draft", ok=rep.ok, problems=[p.code for p in rep.problems],
+                 serving=vars(rep.serving) if rep.serving else None)
+        assert rep.ok, [p.message for p in rep.errors]
