@@ -445,6 +445,11 @@ def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | Non
         setup = max(0.0, times[1] - 2 * per_step)
         calib_s = time.perf_counter() - t_all
         steps = max(1, int((minutes * 60.0 - calib_s - setup) / per_step))
+        if steps < calib:
+            # a budget the calibration eats trains a draft worth nothing: say so, loudly
+            print(f"[train] warning: --draft-minutes {minutes:g} leaves {steps} step(s) after "
+                  f"{calib_s:.0f} s of calibration ({per_step:.3f} s/step); pass --draft-steps "
+                  "or a larger --draft-minutes for a draft worth evaluating", file=sys.stderr, flush=True)
         info.update(calibration_runs_s=[round(t, 2) for t in times], calibration_s=round(calib_s, 2),
                     step_s_estimate=round(per_step, 4), setup_s_estimate=round(setup, 2))
     epochs = max(1, math.ceil(steps / per_epoch))
@@ -565,7 +570,8 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
                                            dtype=dtype, progress=False)
             r["extract_s"] = round(time.perf_counter() - t0, 2)
     with rec.step("vocab") as r:
-        size = a.draft_vocab_size or tinfo.vocab_size
+        # Kimi: the full 163,840-id draft head ran out of memory beside the evaluation engines
+        size = a.draft_vocab_size or (16384 if a.model == "kimi" else tinfo.vocab_size)
         shutil.rmtree(mdir / "vocab", ignore_errors=True)
         m = build_vocab(mdir / "ds", tinfo.vocab_size, draft_vocab_size=size, output_dir=mdir / "vocab", progress=False)
         r.update(draft_vocab_size=m.draft_vocab_size, target_vocab_size=m.target_vocab_size, coverage=m.coverage)
@@ -692,7 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-num-batched-tokens", type=int, default=16384)
     g.add_argument("--aux-layer-ids", type=int, nargs="+",
                    help="default: (2, L//2, L-3) for L >= 8 layers, else the last three of 1..L-1")
-    g.add_argument("--draft-vocab-size", type=int, help="default: the target's (full vocabulary, no d2t)")
+    g.add_argument("--draft-vocab-size", type=int, help="default: the target's (full vocabulary, no d2t); kimi: 16384")
     g.add_argument("--draft-minutes", type=float, default=5.0,
                    help="wall clock of the draft's training, reading its samples onto the GPU and "
                         "calibration included (on an H200, 600-1600 steps under-trained the "
