@@ -38,8 +38,20 @@ class Found:
     obj: Any
     where: str  # "module:attr"
     module: str  # the module it was found in
-    how: str  # "declared" | "alternate" | "searched" | "member"
+    how: str  # "declared" | "alternate" | "beside" | "searched" | "member"
     moved: bool  # not where this release should have it
+    # what holds it (module, class or instance) and its name there: sym() reads it from there
+    # on every call, so a later assignment (a patched vLLM function) is seen as vLLM sees it
+    container: Any = None
+    name: str = ""
+
+    def current(self) -> Any:
+        if self.container is None:
+            return self.obj
+        try:
+            return getattr(self.container, self.name)
+        except AttributeError:
+            return self.obj
 
 
 _NOT_FOUND = object()
@@ -103,12 +115,11 @@ def _has_module(name: str) -> bool:
 
 
 def _get(mod: Any, attr: str, *, declared: bool = False) -> Any:
+    """``mod.<attr path>`` or _NOT_FOUND; other errors (a lazy module ``__getattr__`` whose
+    import fails) propagate to the caller, which records them."""
     obj = mod
     for i, part in enumerate(attr.split(".")):
-        try:
-            nxt = getattr(obj, part, _NOT_FOUND)
-        except Exception:  # noqa: BLE001 - a lazy module __getattr__ that fails
-            nxt = _NOT_FOUND
+        nxt = getattr(obj, part, _NOT_FOUND)
         if nxt is _NOT_FOUND and declared and i == 0:
             # a module-level name only annotated until something assigns it (NONE_HASH)
             if part in getattr(obj, "__annotations__", {}):
@@ -125,7 +136,25 @@ def _at(loc: Location, declared: bool) -> Any:
     mod = _import(loc.module)
     if mod is None:
         return _NOT_FOUND
-    return mod if not loc.attr else _get(mod, loc.attr, declared=declared)
+    try:
+        return _get(mod, loc.attr, declared=declared)
+    except Exception as exc:  # noqa: BLE001 - e.g. vllm.LLM, whose lazy import fails
+        _import_errors[loc.module] = f"{loc.attr}: {type(exc).__name__}: {exc}"
+        return _NOT_FOUND
+
+
+def _safe_get(mod: Any, attr: str, declared: bool) -> Any:
+    try:
+        return _get(mod, attr, declared=declared)
+    except Exception:  # noqa: BLE001 - a module that cannot give it does not have it
+        return _NOT_FOUND
+
+
+def _container(module: str, attr: str) -> tuple[Any, str]:
+    """The object that holds ``module:attr`` and the name in it."""
+    head, _, name = attr.rpartition(".")
+    mod = sys.modules.get(module)
+    return (_safe_get(mod, head, False) if head else mod), name
 
 
 def _package_dirs(package: str) -> list[str]:
@@ -143,7 +172,7 @@ def _search(name: str, packages: tuple[str, ...], declared: bool) -> tuple[Any, 
     for modname, mod in sorted(sys.modules.items()):
         if mod is None or not any(modname == p or modname.startswith(p + ".") for p in packages):
             continue
-        obj = _get(mod, name, declared=declared)
+        obj = _safe_get(mod, name, declared)
         if obj is not _NOT_FOUND and _defined_in(obj, modname):
             return obj, modname
     pattern = re.compile(rf"^(?:def|class)\s+{re.escape(top)}\b|^{re.escape(top)}\s*[:=]", re.M)
@@ -164,7 +193,7 @@ def _search(name: str, packages: tuple[str, ...], declared: bool) -> tuple[Any, 
                     rel = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
                     modname = package + ("" if rel == "__init__" else "." + rel.removesuffix(".__init__"))
                     mod = _import(modname)
-                    obj = _get(mod, name, declared=declared) if mod is not None else _NOT_FOUND
+                    obj = _safe_get(mod, name, declared) if mod is not None else _NOT_FOUND
                     if obj is not _NOT_FOUND:
                         return obj, modname
     return None
@@ -195,10 +224,11 @@ def _lookup(s: Symbol) -> Found | None:
         parent = lookup(s.parent)
         if parent is None:
             return None
-        obj = _get(parent.obj, s.member)
+        obj = _safe_get(parent.obj, s.member, False)
         if obj is _NOT_FOUND:
             return None
-        return Found(obj, f"{parent.where}.{s.member}", parent.module, "member", False)
+        return Found(obj, f"{parent.where}.{s.member}", parent.module, "member", False,
+                     parent.obj, s.member)
     expected = _expected(s)
     candidates = [expected] if expected is not None else []
     if s.beside is not None:  # the module where its companion lives comes first
@@ -211,8 +241,10 @@ def _lookup(s: Symbol) -> Found | None:
         obj = _at(loc, declared)
         if obj is not _NOT_FOUND:
             moved = expected is not None and (loc.module, loc.attr) != (expected.module, expected.attr)
-            how = "declared" if not loc.alternate and loc in s.locations else "alternate"
-            return Found(obj, loc.where, loc.module, how, moved)
+            known = next((k for k in s.locations if (k.module, k.attr) == (loc.module, loc.attr)), None)
+            how = "beside" if known is None else "alternate" if known.alternate else "declared"
+            container, name = _container(loc.module, loc.attr) if loc.attr else (None, "")
+            return Found(obj, loc.where, loc.module, how, moved, container, name)
     # searched only where this release uses it (an optional symbol of a later release,
     # absent here, costs no walk over vLLM's files)
     if s.search and used_here(s):
@@ -220,7 +252,8 @@ def _lookup(s: Symbol) -> Found | None:
         hit = _search(attr, s.search, declared)
         if hit is not None:
             obj, modname = hit
-            return Found(obj, f"{modname}:{attr}", modname, "searched", True)
+            container, name = _container(modname, attr)
+            return Found(obj, f"{modname}:{attr}", modname, "searched", True, container, name)
     return None
 
 
@@ -238,7 +271,7 @@ def _missing_text(s: Symbol) -> str:
         return f"{s.parent} itself is missing"
     places = [loc.where for loc in s.locations]
     text = "not at " + ", ".join(places)
-    errors = [f"{loc.module} failed to import ({_import_errors[loc.module]})"
+    errors = [f"{loc.module} failed ({_import_errors[loc.module]})"
               for loc in s.locations if loc.module in _import_errors]
     if errors:
         text += "; " + "; ".join(errors)
@@ -256,16 +289,16 @@ def missing_error(key: str) -> MissingSymbolError:
 
 def sym(key: str) -> Any:
     """The object for ``key``; :class:`MissingSymbolError` when it is nowhere."""
-    found = _cache.get(key) if key in _cache else lookup(key)
+    found = _cache[key] if key in _cache else lookup(key)
     if found is None:
         raise missing_error(key)
-    return found.obj
+    return found.current()
 
 
 def get(key: str, default: Any = None) -> Any:
     """The object for an optional ``key``, or ``default`` where this release has none."""
     found = lookup(key)
-    return default if found is None else found.obj
+    return default if found is None else found.current()
 
 
 def module_of(key: str) -> Any:

@@ -25,24 +25,22 @@ from packaging.version import Version
 
 VLLM_VERSION = Version(Version(vllm.__version__).base_version)
 
-# 0.18.1: EagleModelMixin (index 0 = embeddings, index L = last-layer output) for
-# Llama/Qwen2/Qwen3/Qwen3Moe inner models. Absent before.
-try:
-    from vllm.model_executor.models.interfaces import EagleModelMixin  # type: ignore
-except ImportError:  # <= 0.17.1
-    EagleModelMixin = None  # type: ignore[assignment,misc]
+from ..adapters._resolve import get, sym
 
-try:
-    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model
-except ImportError:  # pragma: no cover - present in every supported release
-    DeepseekV2ForCausalLM = DeepseekV2Model = None  # type: ignore[assignment,misc]
+# 0.18.1: EagleModelMixin (index 0 = embeddings, index L = last-layer output) for
+# Llama/Qwen2/Qwen3/Qwen3Moe inner models. Absent before (None).
+EagleModelMixin = get("EagleModelMixin")
+# present in every supported release (optional in the surface: None if a build drops it)
+DeepseekV2ForCausalLM = get("DeepseekV2ForCausalLM")
+DeepseekV2Model = getattr(sys.modules.get(getattr(DeepseekV2ForCausalLM, "__module__", "")),
+                          "DeepseekV2Model", None)
 
 
 def _model_class(model_path: str, cfg: Mapping[str, Any]) -> type | None:
-    from vllm.model_executor.models.registry import ModelRegistry
+    try_load = sym("ModelRegistry._try_load_model_cls")
     for arch in cfg.get("architectures") or ():
         # _try_load_model_cls(arch) exists with this signature 0.10.2-0.33.0.
-        cls = ModelRegistry._try_load_model_cls(arch)
+        cls = try_load(arch)
         if cls is not None:
             return cls
     return None

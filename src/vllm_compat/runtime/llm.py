@@ -18,10 +18,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import torch
 import vllm
-from vllm import LLM, SamplingParams
-from vllm.inputs import TokensPrompt
+
+from ..adapters._resolve import check_call, get, sym
+
+if TYPE_CHECKING:
+    from vllm import LLM
 
 
 def version() -> str:
@@ -50,7 +55,9 @@ def open_llm(
     if speculative_config is not None:
         args["speculative_config"] = dict(speculative_config)
     args.update(kwargs)
-    return LLM(**args)
+    llm_cls = sym("LLM")  # vLLM's LLM, resolved through vllm_compat.surface
+    check_call("LLM", llm_cls, 0, args)
+    return llm_cls(**args)
 
 
 def generate(
@@ -61,8 +68,10 @@ def generate(
     ignore_eos: bool = True,
 ) -> list[list[int]]:
     """Greedy continuations (token ids) of token-id prompts, in input order."""
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos, detokenize=False)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
+    sp = sym("SamplingParams")(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos,
+                               detokenize=False)
+    tokens_prompt = sym("TokensPrompt")
+    outs = llm.generate([tokens_prompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
@@ -105,10 +114,10 @@ def shutdown_engine(llm: LLM) -> None:
 def free_gpu_memory() -> None:
     """Once the caller holds no reference to the ``LLM``: what vLLM's own tests run between LLMs."""
     gc.collect()
+    cleanup = get("cleanup_dist_env_and_memory")
     with contextlib.suppress(Exception):
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
+        if cleanup is not None:
+            cleanup()
     with contextlib.suppress(Exception):
         torch.cuda.empty_cache()
 
