@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import csv
 import hashlib
 import importlib.util
 import re
@@ -97,16 +98,18 @@ def run_edit(script: Path, root: Path) -> None:
 
 
 def write_record(root: Path, dist_info: Path) -> None:
+    """RECORD as CSV (vLLM ships files whose names hold commas: they must be quoted)."""
     rel_record = f"{dist_info.name}/RECORD"
-    lines = []
+    rows = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
         if rel == rel_record:
             continue
         data = path.read_bytes()
-        lines.append(f"{rel},{record_hash(data)},{len(data)}")
-    lines.append(f"{rel_record},,")
-    (root / rel_record).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        rows.append((rel, record_hash(data), str(len(data))))
+    rows.append((rel_record, "", ""))
+    with open(root / rel_record, "w", encoding="utf-8", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
 
 
 def zip_tree(root: Path, out: Path, modes: dict[str, int]) -> None:

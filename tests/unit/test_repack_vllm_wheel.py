@@ -26,6 +26,8 @@ FILES = {
     "vllm/v1/core/kv_cache_utils.py": "def init_none_hash(fn):\n    return fn(b'seed')\n",
     "vllm/utils/hashing.py": "import hashlib\n",
     "vllm/bin/run.sh": "#!/bin/sh\necho hi\n",
+    # vLLM ships files like this (Triton kernel configs): RECORD must quote the name
+    "vllm/configs/E=16,N=1024,device_name=H200.json": "{}\n",
 }
 
 
@@ -35,8 +37,11 @@ def _make_wheel(tmp: Path) -> Path:
     files = dict(FILES)
     files[f"{dist}/METADATA"] = "Metadata-Version: 2.4\nName: vllm\nVersion: 0.33.0\nSummary: x\n"
     files[f"{dist}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: cp38-abi3-manylinux_2_28_x86_64\n"
-    record = [f"{n},{repack.record_hash(t.encode())},{len(t.encode())}" for n, t in files.items()]
-    files[f"{dist}/RECORD"] = "\n".join(record + [f"{dist}/RECORD,,"]) + "\n"
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(
+        [(n, repack.record_hash(t.encode()), len(t.encode())) for n, t in files.items()]
+        + [(f"{dist}/RECORD", "", "")])
+    files[f"{dist}/RECORD"] = buf.getvalue()
     with zipfile.ZipFile(wheel, "w") as zf:
         for name, text in files.items():
             info = zipfile.ZipInfo(name)
