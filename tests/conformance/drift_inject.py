@@ -14,7 +14,10 @@ Kinds (``KINDS``):
 - ``return_type``: ``get_hash_fn_by_name`` hands out functions that return ``str`` (hex).
 
 ``python -m tests.conformance.drift_inject KIND`` applies it, calls the vllm_compat API that the
-change hits, then ``vllm-compat doctor --drift --json``, and prints ``RESULT <json>``. As a pytest
+change hits, then ``vllm-compat doctor --drift --json``, and prints ``RESULT <json>``. With
+``--as-version V [--strict MODE]`` the installed vLLM also reports version V (its metadata and
+``vllm.__version__``: an untested build, as a repacked nightly is) and only ``detect()`` runs,
+under ``VLLM_COMPAT_STRICT=MODE``: its result, error and warning are printed. As a pytest
 plugin (``-p tests.conformance.drift_inject`` with ``VLLM_COMPAT_TEST_DRIFT=KIND``) it applies
 the change before any test runs. Test-side code: it may import vLLM.
 """
@@ -29,7 +32,6 @@ import inspect
 import io
 import json
 import os
-import sys
 import tempfile
 import types
 
@@ -204,9 +206,44 @@ def _api(kind: str, out: dict) -> None:
     out["vllm_hashes"] = [h.hex() for h in raw(bare)]
 
 
-def main(kind: str) -> None:
+def report_version(version: str) -> None:
+    """The installed vLLM says it is ``version`` (metadata and ``vllm.__version__``)."""
+    import importlib.metadata as md
+
+    import vllm
+
+    real = md.version
+    md.version = lambda name: version if name == "vllm" else real(name)
+    vllm.__version__ = version
+
+
+def _detect(out: dict) -> None:
+    import warnings
+
+    import vllm_compat as vc
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            info = vc.detect()
+            out["detect"] = {"version": info.version, "era": info.era, "routing": info.routing,
+                             "newer_than_tested": info.newer_than_tested, "drift": info.drift}
+        except Exception as exc:  # noqa: BLE001 - the refusal is the result
+            out["error"] = _error(exc)
+    out["warnings"] = [str(w.message) for w in caught if "newer than the newest" in str(w.message)]
+
+
+def main(kind: str, as_version: str | None = None, strict: str | None = None) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if strict is not None:
+        os.environ["VLLM_COMPAT_STRICT"] = strict
     apply(kind)
+    if as_version is not None:
+        report_version(as_version)
+        out = {"kind": kind, "as_version": as_version, "strict": strict}
+        _detect(out)
+        print("RESULT " + json.dumps(out))
+        return
     import vllm
 
     from vllm_compat.cli import main as cli_main
@@ -222,4 +259,11 @@ def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=KINDS)
+    parser.add_argument("--as-version")
+    parser.add_argument("--strict")
+    args = parser.parse_args()
+    main(args.kind, args.as_version, args.strict)

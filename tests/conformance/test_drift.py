@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_compat import drift
+from vllm_compat import drift, versions
 
 from .drift_inject import KINDS
 from .oracle import ORACLE_OUTDATED
@@ -38,6 +38,12 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+STRICT_RUNS = {
+    "strict-drift-moved": ("moved", "--as-version", "0.34.0.dev43+g5d6e7f8", "--strict", "drift"),
+    "strict-drift-required": ("required_param", "--as-version", "0.34.0.dev44+g9a8b7c6",
+                              "--strict", "drift"),
+    "strict-all-none": ("none", "--as-version", "0.34.0.dev42+g1a2b3c4", "--strict", "1"),
+}
 SUITE_KINDS = ("moved", "required_param")
 SUITE_FILES = ("tests/conformance/test_block_hashes.py", "tests/conformance/test_missing_hasher.py")
 # the fresh-process tests of test_block_hashes start three more vLLM processes each: left out
@@ -51,9 +57,17 @@ def runs(tmp_path_factory, info):
         # the stored snapshot of the installed release is the baseline of every expectation
         pytest.skip(f"drift is simulated on tested releases; vLLM {info.version} has no "
                     "stored snapshot (nox -s nightly reports its drift itself)")
-    procs = {kind: subprocess.Popen(
-        [sys.executable, "-m", "tests.conformance.drift_inject", kind], cwd=ROOT, env=_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for kind in KINDS}
+    def probe(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "tests.conformance.drift_inject", *args],
+                                cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    procs = {kind: probe(kind) for kind in KINDS}
+    if info.era == versions.ERAS[-1].name:
+        # the same builds reporting a newer version, under the strict modes: a newer build
+        # keeps the newest adapter, so only on its era do its probes agree with it
+        for name, args in STRICT_RUNS.items():
+            procs[name] = probe(*args)
     junits = {}
     for kind in SUITE_KINDS:
         junits[kind] = tmp_path_factory.mktemp(f"suite-{kind}") / "junit.xml"
@@ -207,6 +221,51 @@ def test_a_changed_return_type_is_a_library_error(runs, info):
     doc = r["doctor"]
     assert _items(doc) == [("returns_changed", "get_hash_fn_by_name", True)]
     assert r["doctor_exit"] == 1 and doc["drift"]["capabilities"] == ["hashing"]
+
+
+# ----------------------------------------------------------------------------- strict modes
+
+
+@pytest.fixture
+def newest_era(info):
+    if info.era != versions.ERAS[-1].name:
+        pytest.skip("a newer-than-tested build is routed to the newest adapter: checked on its era")
+
+
+def test_strict_drift_accepts_an_untested_build_whose_drift_breaks_nothing(runs, info, newest_era):
+    r = runs["strict-drift-moved"]
+    assert "error" not in r, r["error"]
+    summary = f"drift check against {info.base_version}: 3 changes, none affects a capability"
+    assert r["detect"] == {"version": "0.34.0.dev43+g5d6e7f8", "era": "v0_29",
+                           "routing": "version and probes agree: 0.34.0",
+                           "newer_than_tested": True, "drift": summary}
+    assert r["warnings"] == [
+        "vLLM 0.34.0.dev43+g5d6e7f8 is newer than the newest release vllm_compat was tested on "
+        f"(0.33.0); using adapter 'v0_29' (the newest); {summary} (`vllm-compat doctor --drift`)"]
+
+
+def test_strict_drift_refuses_an_untested_build_whose_drift_breaks_a_capability(runs, newest_era):
+    r = runs["strict-drift-required"]
+    passes = ("request_id, prompt_token_ids, sampling_params, pooling_params, block_hasher, "
+              "eos_token_id where accepted, structured_output_request where accepted")
+    assert r["error"] == {"type": "UnsupportedVllmVersionError", "message": (
+        "vLLM 0.34.0.dev44+g9a8b7c6 is newer than the newest release vllm_compat was tested on "
+        "(0.33.0) and VLLM_COMPAT_STRICT=drift found drift that affects a capability (with "
+        "adapter 'v0_29'): requests: Request: expected no required parameter beyond those "
+        f"vllm_compat passes ({passes}); found new required parameter(s) 'priority_class' "
+        "(workaround: pass it through make_request(..., priority_class=...): make_request "
+        "forwards extra keywords to Request unchanged). Install vLLM <= 0.33.0, or unset "
+        "VLLM_COMPAT_STRICT to run it anyway (`vllm-compat doctor --drift` shows the full report)")}
+    assert r["warnings"] == []
+
+
+def test_strict_1_refuses_every_untested_build_naming_the_adapter(runs, newest_era):
+    r = runs["strict-all-none"]
+    assert r["error"] == {"type": "UnsupportedVllmVersionError", "message": (
+        "vLLM 0.34.0.dev42+g1a2b3c4 is newer than the newest release vllm_compat was tested on "
+        "(0.33.0) and VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= 0.33.0, "
+        "set VLLM_COMPAT_STRICT=drift to accept it when the drift check finds nothing that "
+        "affects a capability, or unset VLLM_COMPAT_STRICT to run it with adapter 'v0_29'")}
 
 
 # ----------------------------------------------------------------------------- the suite itself

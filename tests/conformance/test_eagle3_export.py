@@ -81,7 +81,7 @@ def test_four_aux_layers_do_not_fit_vllms_fc(tmp_path, target):
 
 @pytest.mark.parametrize("breakage", ["verifier", "speculative_tokens", "transformer_layer_config"])
 def test_our_structure_rules_match_vllms_parser(tmp_path, target, breakage):
-    from vllm_compat.adapters import _eagle3
+    from vllm_compat.runtime import speculative
 
     cfg = json.loads((_export(tmp_path, "s", target, (2, 4, 5)) / "config.json").read_text())
     if breakage == "verifier":
@@ -91,7 +91,7 @@ def test_our_structure_rules_match_vllms_parser(tmp_path, target, breakage):
     else:
         del cfg["transformer_layer_config"]
     with pytest.raises(ValueError):
-        _eagle3.speculative_config_dict(cfg)  # vLLM's own validation refuses it ...
+        speculative.speculative_config_dict(cfg)  # vLLM's own validation refuses it ...
     from vllm_compat.eagle3.validate import structure_problems
 
     assert structure_problems(cfg)  # ... and so do our rules
