@@ -153,8 +153,8 @@ ORACLE_OUTDATED = "oracle needs updating for this build"
 
 
 def _junit_counts(path: Path) -> dict[str, int]:
-    """tests / passed / failures / errors / skipped, and of the skipped: ``xfailed`` (every
-    expected failure) and ``oracle_outdated`` (the test's own raw-vLLM reference broke)."""
+    """tests / tests_passed / failures / errors / skipped, and of the skipped: ``xfailed``
+    (every expected failure) and ``oracle_outdated`` (the test's own raw-vLLM reference broke)."""
     if not path.exists():
         return {}
     import xml.etree.ElementTree as ET
@@ -169,7 +169,7 @@ def _junit_counts(path: Path) -> dict[str, int]:
     out["xfailed"] = sum(el.get("type") == "pytest.xfail" for el in skipped)
     out["oracle_outdated"] = sum((el.get("message") or "").startswith(ORACLE_OUTDATED)
                                  for el in skipped)
-    out["passed"] = out["tests"] - out["failures"] - out["errors"] - out["skipped"]
+    out["tests_passed"] = out["tests"] - out["failures"] - out["errors"] - out["skipped"]
     return out
 
 
