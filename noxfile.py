@@ -4,7 +4,8 @@
     nox -s conformance                # every release in matrix/releases.toml
     nox -s "conformance(vllm='0.16.0')"
     nox -s conformance_ci             # the CI subset (one release per era + 0.16.0)
-    nox -s nightly -- <wheel path | URL | requirement>
+    nox -s nightly -- <wheel path | URL | requirement>   # drift check, then conformance
+    nox -s snapshot                   # only the probe/surface snapshots (no tests), every release
     nox -s typecheck                  # mypy against the newest release (what CI runs)
     nox -s "gpu(vllm='0.26.0')"       # tests/gpu on a CUDA machine: vLLM from PyPI, JSON report
     nox -s demo                       # install vLLM (newest release, CPU) and run the quick start
@@ -82,34 +83,97 @@ def install_vllm(session: nox.Session, spec: str, release: str | None = None) ->
     session.install(*args, spec)
 
 
-def run_conformance(session: nox.Session, label: str, pytest_args: list[str] | None = None) -> None:
+def _env(session: nox.Session) -> dict[str, str]:
+    return dict(TEST_ENV, VLLM_CACHE_ROOT=str(Path(session.create_tmp()) / "vllm-cache"))
+
+
+def drift_check(session: nox.Session, out: Path) -> dict | None:
+    """``vllm-compat doctor --drift --json`` into ``out`` (exit 1, drift that affects a
+    capability, does not stop the session); the parsed report, None when skipped."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        rc = session.run("python", "-m", "vllm_compat.cli", "doctor", "--drift", "--json",
+                         env=_env(session), stdout=f, success_codes=[0, 1, 2])
+    if rc is None:  # --install-only
+        return None
+    text = out.read_text()
+    return json.loads(text[text.index("{"):])
+
+
+def write_snapshot(session: nox.Session) -> None:
+    """The installed release's probe/surface snapshot (src/vllm_compat/snapshots/)."""
+    session.run("python", str(ROOT / "matrix" / "snapshot.py"), env=_env(session))
+
+
+def run_conformance(session: nox.Session, label: str, pytest_args: list[str] | None = None,
+                    doctor: dict | None = None) -> dict | None:
+    """The conformance suite; writes ``matrix/results/<label>.json``: counts, and what the
+    drift check saw (version, adapter, routing, probes, drift). None when nothing ran."""
     session.install("-e", f"{ROOT}[test]")
-    env = dict(TEST_ENV, VLLM_CACHE_ROOT=str(Path(session.create_tmp()) / "vllm-cache"))
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if doctor is None:
+        doctor = drift_check(session, RESULTS / f"{label}-doctor.json")
     junit = RESULTS / f"{label}.xml"
     start = time.monotonic()
-    ok = False
+    ran = None
     try:
-        session.run("python", "-m", "pytest", str(ROOT / "tests" / "conformance"), "-q",
-                    "-p", "no:cacheprovider", f"--junitxml={junit}",
-                    *(session.posargs if pytest_args is None else pytest_args), env=env)
-        ok = True
+        ran = session.run("python", "-m", "pytest", str(ROOT / "tests" / "conformance"), "-q",
+                          "-p", "no:cacheprovider", f"--junitxml={junit}",
+                          *(session.posargs if pytest_args is None else pytest_args),
+                          env=_env(session), success_codes=[0, 1])
     finally:
-        record = {"release": label, "passed": ok, "seconds": round(time.monotonic() - start, 1),
-                  "python": session.python, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        record.update(_junit_counts(junit))
-        (RESULTS / f"{label}.json").write_text(json.dumps(record, indent=2) + "\n")
+        if ran is not None or junit.exists():  # not under --install-only
+            record = {"release": label, "passed": False, "seconds": round(time.monotonic() - start, 1),
+                      "python": session.python,
+                      "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            record.update(_junit_counts(junit))
+            record["passed"] = bool(record.get("tests")) and not (record.get("failures")
+                                                                  or record.get("errors"))
+            record.update(_detected(doctor))
+            (RESULTS / f"{label}.json").write_text(json.dumps(record, indent=2) + "\n")
+    if ran is None:
+        return None
+    if not record["passed"]:
+        session.error(f"conformance failed: {record.get('failures')} failures, "
+                      f"{record.get('errors')} errors (matrix/results/{label}.json)")
+    return record
+
+
+def _detected(doctor: dict | None) -> dict:
+    """What vllm_compat made of the installed vLLM, for the result records."""
+    if not doctor:
+        return {}
+    if not doctor.get("ok"):
+        return {"doctor_error": doctor.get("error")}
+    report = doctor.get("drift") or {}
+    return {"vllm": doctor["version"], "adapter": doctor["era"], "routing": doctor["routing"],
+            "newer_than_tested": doctor["newer_than_tested"], "probes": doctor["probes"],
+            "drift": {k: report.get(k) for k in ("nearest_tested", "summary", "affects_capability",
+                                                 "capabilities")}}
+
+
+ORACLE_OUTDATED = "oracle needs updating for this build"
 
 
 def _junit_counts(path: Path) -> dict[str, int]:
+    """tests / tests_passed / failures / errors / skipped, and of the skipped: ``xfailed``
+    (every expected failure) and ``oracle_outdated`` (the test's own raw-vLLM reference broke)."""
     if not path.exists():
         return {}
     import xml.etree.ElementTree as ET
 
     suite = ET.parse(path).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    if suite is None:
+        return {}
     keys = ("tests", "failures", "errors", "skipped")
-    return {k: int(suite.get(k, 0)) for k in keys} if suite is not None else {}
+    out = {k: int(suite.get(k, 0)) for k in keys}
+    skipped = [el for case in suite.iter("testcase") for el in case.findall("skipped")]
+    out["xfailed"] = sum(el.get("type") == "pytest.xfail" for el in skipped)
+    out["oracle_outdated"] = sum((el.get("message") or "").startswith(ORACLE_OUTDATED)
+                                 for el in skipped)
+    out["tests_passed"] = out["tests"] - out["failures"] - out["errors"] - out["skipped"]
+    return out
 
 
 @nox.session(python=PYTHON)
@@ -125,6 +189,8 @@ def unit(session: nox.Session) -> None:
 def _release(session: nox.Session, vllm: str) -> None:
     install_cpu_torch(session)
     install_vllm(session, f"vllm=={vllm}", vllm)
+    session.install("-e", f"{ROOT}[test]")
+    write_snapshot(session)  # the matrix run keeps every release's snapshot current
     run_conformance(session, vllm)
 
 
@@ -143,11 +209,25 @@ def conformance_ci(session: nox.Session, vllm: str) -> None:
 
 
 @nox.session(python=PYTHON)
-def nightly(session: nox.Session) -> None:
-    """Conformance against a vLLM you name: ``nox -s nightly -- <wheel path | URL | spec>``.
+@nox.parametrize("vllm", RELEASES)
+def snapshot(session: nox.Session, vllm: str) -> None:
+    """Only the probe/surface snapshot of a release (no tests): src/vllm_compat/snapshots/."""
+    install_cpu_torch(session)
+    install_vllm(session, f"vllm=={vllm}", vllm)
+    session.install("-e", str(ROOT))
+    write_snapshot(session)
 
-    Nightly wheels come from vLLM's own wheel index, which must be reachable from your
-    machine. Extra pytest arguments follow a second ``--``.
+
+@nox.session(python=PYTHON)
+def nightly(session: nox.Session) -> None:
+    """A vLLM you name: ``nox -s nightly -- <wheel path | URL | spec> [-- pytest args]``.
+
+    First the drift check (``vllm-compat doctor --drift --json``), then the conformance suite;
+    one result file, ``matrix/results/nightly-<version>.json``: version, adapter, routing,
+    probes, the drift report, test counts (``oracle_outdated``: tests whose own raw-vLLM
+    reference broke on this build), and ``nightly-<version>-drift.txt``, the report as text.
+    Exits non-zero when conformance fails or the drift affects a capability. Nightly wheels
+    come from vLLM's own wheel index (see docs/nightlies.md).
     """
     if not session.posargs:
         session.error("usage: nox -s nightly -- <wheel path | URL | requirement> [-- pytest args]")
@@ -156,10 +236,33 @@ def nightly(session: nox.Session) -> None:
         rest = rest[1:]
     install_cpu_torch(session)
     install_vllm(session, spec)
+    session.install("-e", f"{ROOT}[test]")
     version = session.run("python", "-c", "import importlib.metadata as m; print(m.version('vllm'))",
-                          silent=True).strip().splitlines()[-1]
-    session.log(f"installed vLLM {version}")
-    run_conformance(session, f"nightly-{version}", rest)
+                          silent=True)
+    if version is None:  # --install-only
+        return
+    version = version.strip().splitlines()[-1]
+    label = f"nightly-{version}"
+    session.log(f"installed vLLM {version}: drift check first")
+    doctor = drift_check(session, RESULTS / f"{label}-doctor.json")
+    report = (doctor or {}).get("drift") or {}
+    with (RESULTS / f"{label}-drift.txt").open("w") as f:
+        session.run("python", "-m", "vllm_compat.cli", "doctor", "--drift", env=_env(session),
+                    stdout=f, success_codes=[0, 1, 2])
+    session.log(report.get("summary") or f"doctor: {(doctor or {}).get('error')}")
+    record = None
+    try:
+        record = run_conformance(session, label, rest, doctor=doctor)
+    finally:
+        path = RESULTS / f"{label}.json"
+        if path.exists():  # one file with everything: the full drift report goes in too
+            full = json.loads(path.read_text())
+            full["drift"] = report or full.get("drift")
+            path.write_text(json.dumps(full, indent=2) + "\n")
+            session.log(f"wrote {path}")
+    if record is not None and report.get("affects_capability"):
+        session.error(f"drift affects {', '.join(report.get('capabilities') or [])} "
+                      f"({RESULTS / (label + '-drift.txt')})")
 
 
 @nox.session(python=PYTHON)

@@ -30,6 +30,7 @@ def table() -> str:
             rows.append(f"| {rel} | {era} | not run | | | | | |")
             continue
         r = json.loads(path.read_text())
+        era = r.get("adapter", era)  # what the run's drift check saw (records since the drift check)
         total = r.get("tests", 0)
         bad = r.get("failures", 0) + r.get("errors", 0)
         passed = total - bad - r.get("skipped", 0)

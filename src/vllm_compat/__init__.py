@@ -6,11 +6,13 @@ loaded on first use (see :func:`detect`).
 
 from __future__ import annotations
 
-from .detect import VllmInfo, adapter, detect, installed_vllm_version
+from .detect import VllmInfo, adapter, check_drift, detect, installed_vllm_version
+from .drift import DriftItem, DriftReport
 from .errors import (
-    InvalidLayerIdError, InvalidVllmVersionError, StaleBlockHasherError, TargetMismatchError,
-    TrainingCheckpointError, UnknownAdapterError, UnsupportedFeatureError,
-    UnsupportedVllmVersionError, VllmCompatError, VllmNotInstalledError,
+    InvalidLayerIdError, InvalidVllmVersionError, MissingSymbolError, ReturnTypeDriftError,
+    SignatureDriftError, StaleBlockHasherError, TargetMismatchError, TrainingCheckpointError,
+    UnknownAdapterError, UnsupportedFeatureError, UnsupportedVllmVersionError, VllmCompatError,
+    VllmDriftError, VllmNotInstalledError,
 )
 from .hashing import BlockHasher, attach_block_hasher, block_hasher_for, make_block_hasher
 from .requests import AUTO, InvalidPromptError, make_request
@@ -25,12 +27,13 @@ from .versions import parse_vllm_version, route
 __version__ = "0.1.0"
 
 __all__ = [
-    "AUTO", "BlockHasher", "FinishedStep", "InvalidLayerIdError", "InvalidPromptError",
-    "InvalidVllmVersionError", "StaleBlockHasherError", "StepPipeline", "TargetMismatchError",
+    "AUTO", "BlockHasher", "DriftItem", "DriftReport", "FinishedStep", "InvalidLayerIdError",
+    "InvalidPromptError", "InvalidVllmVersionError", "MissingSymbolError", "ReturnTypeDriftError",
+    "SignatureDriftError", "StaleBlockHasherError", "StepPipeline", "TargetMismatchError",
     "TrainingCheckpointError", "UnknownAdapterError", "UnsupportedFeatureError",
-    "UnsupportedVllmVersionError",
-    "VllmCompatError", "VllmInfo", "VllmNotInstalledError", "adapter", "attach_block_hasher",
-    "block_hasher_for", "collective_rpc", "detect", "grammar_output", "installed_vllm_version",
+    "UnsupportedVllmVersionError", "VllmCompatError", "VllmDriftError", "VllmInfo",
+    "VllmNotInstalledError", "adapter", "attach_block_hasher",
+    "block_hasher_for", "check_drift", "collective_rpc", "detect", "grammar_output", "installed_vllm_version",
     "make_block_hasher", "make_kv_cache_config", "make_model_runner_output", "make_request",
     "make_scheduler", "make_vllm_config", "parse_vllm_version", "resolve_output", "route",
     "run_model_step", "runner_flavour", "schedule", "update_from_output",

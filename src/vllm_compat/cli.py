@@ -1,4 +1,9 @@
-"""``vllm-compat`` command line: ``doctor`` reports what vllm_compat sees."""
+"""``vllm-compat`` command line: ``doctor`` reports what vllm_compat sees.
+
+``vllm-compat doctor --drift`` adds the drift report (the installed vLLM against the surface
+vllm_compat relies on and the nearest tested release) and exits 1 when a change affects a
+capability, 0 otherwise, 2 when vLLM cannot be detected at all.
+"""
 
 from __future__ import annotations
 
@@ -11,33 +16,46 @@ from . import __version__
 from .errors import VllmCompatError
 
 
+def _yes_no(value: bool | None) -> str:
+    return "cannot tell" if value is None else "yes" if value else "no"
+
+
 def _doctor(args: argparse.Namespace) -> int:
-    from .detect import detect
+    from .detect import check_drift, detect
 
     try:
         info = detect()
+        report = check_drift() if args.drift else None
     except VllmCompatError as exc:
         if args.json:
             print(json.dumps({"ok": False, "error": str(exc), "error_type": type(exc).__name__}))
         else:
             print(f"vllm-compat {__version__}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    code = 1 if report is not None and report.affecting else 0
     if args.json:
-        print(json.dumps({"ok": True, "vllm_compat": __version__, **info.as_dict()}, indent=2))
-        return 0
+        out = {"ok": True, "vllm_compat": __version__, **info.as_dict()}
+        if report is not None:
+            out["drift"] = report.as_dict()
+        print(json.dumps(out, indent=2))
+        return code
     print(f"vllm-compat {__version__}")
     print(f"vLLM        {info.version} (base {info.base_version}"
           f"{', pre-release' if info.is_prerelease else ''}{', local ' + info.local if info.local else ''})")
     print(f"era         {info.era}: {info.era_summary}")
     print(f"routing     {info.routing}")
     if info.newer_than_tested:
-        print("warning     newer than the newest tested release; VLLM_COMPAT_STRICT=1 refuses it")
+        print(f"warning     newer than the newest tested release; adapter '{info.era}' in use; "
+              "VLLM_COMPAT_STRICT=1 refuses it, VLLM_COMPAT_STRICT=drift refuses it on drift "
+              "that affects a capability")
     print(f"runner      {info.runner}")
     print("capabilities:")
     width = max(len(k) for k in info.probes)
     for k, v in info.probes.items():
-        print(f"  {k:<{width}}  {'yes' if v else 'no'}")
-    return 0
+        print(f"  {k:<{width}}  {_yes_no(v)}")
+    if report is not None:
+        print(report.format())
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="installed vLLM version, era, runner, capabilities")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--drift", action="store_true",
+                        help="compare the installed vLLM with the surface vllm_compat relies on "
+                             "and the nearest tested release; exit 1 on drift that affects a "
+                             "capability")
     doctor.set_defaults(func=_doctor)
     from .eagle3.cli import add_parser as add_eagle3_parser  # `vllm-compat eagle3 <step>`
 

@@ -11,11 +11,13 @@ from typing import Any
 
 from packaging.version import Version
 
+from . import drift as _drift
 from . import versions
 from .errors import InvalidVllmVersionError, UnsupportedVllmVersionError, VllmNotInstalledError
 
 _lock = threading.Lock()
 _cached: tuple["VllmInfo", ModuleType] | None = None
+_drift_cache: _drift.DriftReport | None = None
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,13 @@ class VllmInfo:
     routing: str
     newer_than_tested: bool
     runner: str
-    probes: dict[str, bool] = field(default_factory=dict)
+    # True / False, or None where the probe cannot tell (see vllm_compat.surface.PROBES)
+    probes: dict[str, bool | None] = field(default_factory=dict)
+    # era-defining probes that disagree with the version's era (named in ``routing``)
+    disagreeing_probes: tuple[str, ...] = ()
+    # the drift check's summary: run at detection for a build newer than the newest tested
+    # release (None otherwise; ``check_drift()`` / ``vllm-compat doctor --drift`` run it anywhere)
+    drift: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -48,7 +56,7 @@ def installed_vllm_version() -> str:
         ) from None
 
 
-def _default_runner(base: Version, probes: dict[str, bool]) -> str:
+def _default_runner(base: Version, probes: dict[str, bool | None]) -> str:
     """Which model runner vLLM picks for a dense decoder by default (a live worker can say more)."""
     forced = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
     if not probes.get("model_runner_v2_available"):
@@ -74,8 +82,25 @@ def adapter(*, refresh: bool = False) -> ModuleType:
     return _detect(refresh)[1]
 
 
+def check_drift(*, refresh: bool = False) -> _drift.DriftReport:
+    """The drift report of the installed vLLM: the declared surface, and the stored snapshot
+    of the nearest tested release, against what the installed code has (imports vLLM)."""
+    global _drift_cache
+    info = detect(refresh=refresh)
+    with _lock:
+        if _drift_cache is None or refresh or _drift_cache.vllm != info.version:
+            _drift_cache = _run_drift(info.version, info.era, info.probes)
+        return _drift_cache
+
+
+def _run_drift(version: str, era: str, probes: dict[str, bool | None]) -> _drift.DriftReport:
+    from .adapters import _resolve
+
+    return _drift.check(version, era, probes, _resolve.survey())
+
+
 def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
-    global _cached
+    global _cached, _drift_cache
     with _lock:
         if _cached is not None and not refresh:
             return _cached
@@ -96,7 +121,7 @@ def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
         except ImportError as exc:
             raise VllmNotInstalledError(f"vLLM {text} is installed but cannot be imported: {exc}") from exc
         probes = common.probes()
-        routing = versions.route(v, probes)
+        routing = versions.route(v, probes, warn=False)
         missing = {k: want for k, want in routing.era.requires.items() if probes.get(k) != want}
         if missing:  # only reachable when VLLM_COMPAT_ADAPTER forces an era of other releases
             raise UnsupportedVllmVersionError(
@@ -109,12 +134,24 @@ def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
             raise UnsupportedVllmVersionError(
                 f"adapter '{routing.era.name}' ({routing.reason}) cannot run on vLLM {text}: {exc}"
             ) from exc
+        summary = None
+        if routing.newer_than_tested:
+            # an untested build: say what drifted in the warning; VLLM_COMPAT_STRICT=drift
+            # accepts it only when nothing affects a capability
+            report = _drift_cache = _run_drift(text, routing.era.name, probes)
+            summary = report.summary()
+            if versions.strict_mode() == "drift" and report.affecting and not routing.forced:
+                raise UnsupportedVllmVersionError(
+                    versions.strict_drift_message(text, routing.era, report.affecting_lines()))
+            versions.warn_newer_once(
+                text, routing, summary + " (`vllm-compat doctor --drift`)", stacklevel=5)
         base = versions.base_version(v)
         info = VllmInfo(
             version=text, base_version=str(base), is_prerelease=v.is_prerelease or v.is_devrelease,
             local=v.local, era=routing.era.name, era_summary=routing.era.summary,
             routing=routing.reason, newer_than_tested=routing.newer_than_tested,
             runner=_default_runner(base, probes), probes=probes,
+            disagreeing_probes=routing.disagreeing, drift=summary,
         )
         _cached = (info, module)
         return _cached

@@ -27,6 +27,50 @@ class UnsupportedFeatureError(VllmCompatError):
     """The installed vLLM lacks a feature the caller asked for."""
 
 
+class VllmDriftError(VllmCompatError):
+    """The installed vLLM differs from the surface vllm_compat relies on (a symbol moved or
+    is missing, a signature or a return type changed) in a way that breaks a capability.
+
+    Carries what ``vllm-compat doctor --drift`` reports for the same change: the capability,
+    the vLLM version, the symbol, what was expected and what was found, and the workaround
+    where one exists.
+    """
+
+    def __init__(self, *, capability: str, vllm_version: str, symbol: str, expected: str,
+                 found: str, workaround: str = "") -> None:
+        self.capability = capability
+        self.vllm_version = vllm_version
+        self.symbol = symbol
+        self.expected = expected
+        self.found = found
+        self.workaround = workaround
+        msg = (f"{capability}: vLLM {vllm_version} drifted from what vllm_compat expects: "
+               f"{symbol}: expected {expected}; found {found}")
+        msg += f". Workaround: {workaround}" if workaround else ". No workaround is known"
+        super().__init__(msg + " (`vllm-compat doctor --drift` lists every change)")
+
+    def __reduce__(self):  # keep the keywords through pickling (worker processes)
+        return (_rebuild, (type(self), self.capability, self.vllm_version, self.symbol,
+                           self.expected, self.found, self.workaround))
+
+
+def _rebuild(cls, capability, vllm_version, symbol, expected, found, workaround):
+    return cls(capability=capability, vllm_version=vllm_version, symbol=symbol,
+               expected=expected, found=found, workaround=workaround)
+
+
+class MissingSymbolError(VllmDriftError, AttributeError):
+    """A vLLM symbol is at none of its known locations and a search did not find it."""
+
+
+class SignatureDriftError(VllmDriftError, TypeError):
+    """A vLLM callable gained a required parameter, or lost one vllm_compat passes."""
+
+
+class ReturnTypeDriftError(VllmDriftError, TypeError):
+    """A vLLM callable returned another type than the one vllm_compat relies on."""
+
+
 class StaleBlockHasherError(VllmCompatError, RuntimeError):
     """vLLM's process-global ``NONE_HASH`` changed after this hasher was built.
 

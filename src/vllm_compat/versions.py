@@ -2,7 +2,15 @@
 
 vLLM is routed on the *base* version (``0.11.1rc6.dev16+g933cdea44.cu129`` -> 0.11.1)
 and then checked against feature probes, because nightlies and forks sit between
-releases: when probes and version disagree, the probes win.
+releases. Probes are tri-state (yes / no / cannot tell, ``None``). Rules:
+
+- within the tested range, probes that disagree with the version win, and the routing
+  reason names them;
+- a probe that cannot tell never moves a build to an older era (it matches any era, and
+  of the eras the other probes allow, the one nearest the version's is taken, the newer
+  on a tie);
+- a build newer than the newest tested release keeps the newest era whatever its probes
+  say (the reason names the disagreeing probes, ``doctor --drift`` reports them).
 """
 
 from __future__ import annotations
@@ -109,28 +117,57 @@ def _shown(version: Version | str) -> str:
 def check_supported(version: Version | str, *, env: Mapping[str, str] | None = None) -> Version:
     """Refuse, before anything imports vLLM, a version no adapter may run: older than the
     supported range, or (with ``VLLM_COMPAT_STRICT=1``) newer than the newest tested series.
-    A forced ``VLLM_COMPAT_ADAPTER`` lifts the strict check (not the lower bound)."""
+    A forced ``VLLM_COMPAT_ADAPTER`` lifts the strict check (not the lower bound);
+    ``VLLM_COMPAT_STRICT=drift`` is decided later, by the drift check (see detect)."""
     env = os.environ if env is None else env
     v = version if isinstance(version, Version) else parse_vllm_version(version)
     era_for_version(v)
-    if (base_version(v) >= NEWEST_TESTED_SERIES and _env_flag("VLLM_COMPAT_STRICT", env)
+    if (base_version(v) >= NEWEST_TESTED_SERIES and strict_mode(env) == "all"
             and not env.get("VLLM_COMPAT_ADAPTER", "").strip()):
-        raise UnsupportedVllmVersionError(_strict_message(v))
+        # a newer build is never routed below the newest era (see route), so this is the
+        # adapter it would get
+        raise UnsupportedVllmVersionError(_strict_message(v, ERAS[-1]))
     return v
 
 
-def _strict_message(v: Version) -> str:
+def _strict_message(v: Version, era: Era) -> str:
     return (
         f"vLLM {v} is newer than the newest release vllm_compat was tested on ({NEWEST_TESTED}) "
         f"and VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= {NEWEST_TESTED}, "
-        f"or unset VLLM_COMPAT_STRICT to run it with the newest adapter '{ERAS[-1].name}'"
+        "set VLLM_COMPAT_STRICT=drift to accept it when the drift check finds nothing that "
+        f"affects a capability, or unset VLLM_COMPAT_STRICT to run it with adapter '{era.name}'"
     )
 
 
-def era_for_probes(probes: Mapping[str, bool]) -> Era | None:
-    """The era whose defining probe values all match, or None when probes are incomplete."""
-    keys = ERAS[0].signature.keys()
-    if not all(k in probes for k in keys):
+def strict_drift_message(v: Version | str, era: Era, affecting: list[str]) -> str:
+    """``VLLM_COMPAT_STRICT=drift`` refusing an untested build whose drift affects capabilities."""
+    return (
+        f"vLLM {v} is newer than the newest release vllm_compat was tested on ({NEWEST_TESTED}) "
+        f"and VLLM_COMPAT_STRICT=drift found drift that affects a capability "
+        f"(with adapter '{era.name}'): " + "; ".join(affecting)
+        + f". Install vLLM <= {NEWEST_TESTED}, or unset VLLM_COMPAT_STRICT to run it anyway "
+        "(`vllm-compat doctor --drift` shows the full report)"
+    )
+
+
+def strict_mode(env: Mapping[str, str] | None = None) -> str:
+    """``VLLM_COMPAT_STRICT``: "all" (1/true/yes/on: refuse every untested build), "drift"
+    (refuse an untested build whose drift check finds something that affects a capability),
+    or "" (off)."""
+    env = os.environ if env is None else env
+    value = env.get("VLLM_COMPAT_STRICT", "").strip().lower()
+    if value == "drift":
+        return "drift"
+    return "all" if value in {"1", "true", "yes", "on"} else ""
+
+
+ERA_PROBES: tuple[str, ...] = tuple(ERAS[0].signature)
+
+
+def era_for_probes(probes: Mapping[str, bool | None]) -> Era | None:
+    """The era whose defining probe values all match, or None when a defining probe is
+    missing or cannot tell."""
+    if not all(probes.get(k) is not None for k in ERA_PROBES):
         return None
     for era in ERAS:
         if all(bool(probes[k]) == v for k, v in era.signature.items()):
@@ -143,54 +180,101 @@ class Routing:
     era: Era
     reason: str
     newer_than_tested: bool = False
+    forced: bool = False
+    # era-defining probes whose values disagree with the version's era, and unreadable ones
+    disagreeing: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
 
 
-def _env_flag(name: str, env: Mapping[str, str]) -> bool:
-    return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+def _yes_no(value: bool | None) -> str:
+    return "cannot tell" if value is None else "yes" if value else "no"
+
+
+def _by_probes(v: Version, by_version: Era, probes: Mapping[str, bool | None] | None,
+               newer: bool) -> Routing:
+    base = base_version(v)
+    if not probes:
+        return Routing(by_version, f"by version: {base}", newer)
+    known = {k: bool(probes[k]) for k in ERA_PROBES if probes.get(k) is not None}
+    unknown = tuple(k for k in ERA_PROBES if probes.get(k) is None)
+    disagree = tuple(k for k, val in known.items() if by_version.signature[k] != val)
+    if not disagree:
+        how = ("version and probes agree" if not unknown else
+               f"by version (probe {', '.join(unknown)}: cannot tell)")
+        return Routing(by_version, f"{how}: {base}", newer, unknown=unknown)
+    names = ", ".join(f"{k}={_yes_no(known[k])}" for k in disagree)
+    verb = "matches" if len(disagree) == 1 else "match"
+    consistent = [e for e in ERAS if all(e.signature[k] == val for k, val in known.items())]
+    if newer:
+        # a build past the tested range keeps the newest era: its probes cannot be checked
+        # against a release we ran, and an older era would lose what the newest one does
+        match = f"{verb} '{consistent[-1].name}'" if consistent else f"{verb} no era"
+        return Routing(by_version, f"version {v} is newer than tested: kept the newest adapter "
+                       f"'{by_version.name}' although probe {names} {match}", newer,
+                       disagreeing=disagree, unknown=unknown)
+    if not consistent:
+        return Routing(by_version, f"version {v} suggests '{by_version.name}'; probe {names} "
+                       f"{verb} no era, so the version's is kept", newer,
+                       disagreeing=disagree, unknown=unknown)
+    # nearest the version's era, the newer on a tie: an unknown probe widens the choice but
+    # never pulls the build further down than the probes that can tell
+    at = ERAS.index(by_version)
+    pick = min(consistent, key=lambda e: (abs(ERAS.index(e) - at), -ERAS.index(e)))
+    return Routing(pick, f"version {v} suggests '{by_version.name}' but probe {names} "
+                   f"{verb} '{pick.name}'", newer, disagreeing=disagree, unknown=unknown)
+
+
+def newer_warning(v: Version | str, routing: Routing, drift_summary: str = "") -> str:
+    """The once-per-version warning for a build past the tested range, naming the adapter
+    actually chosen."""
+    how = "forced by VLLM_COMPAT_ADAPTER" if routing.forced else "the newest"
+    msg = (f"vLLM {v} is newer than the newest release vllm_compat was tested on "
+           f"({NEWEST_TESTED}); using adapter '{routing.era.name}' ({how})")
+    if routing.disagreeing:
+        msg += f"; probes that disagree with it: {', '.join(routing.disagreeing)}"
+    return msg + (f"; {drift_summary}" if drift_summary else "")
+
+
+def warn_newer_once(v: Version | str, routing: Routing, drift_summary: str = "",
+                    stacklevel: int = 3) -> None:
+    if str(v) not in _warned_newer:
+        _warned_newer.add(str(v))
+        warnings.warn(newer_warning(v, routing, drift_summary), RuntimeWarning,
+                      stacklevel=stacklevel)
 
 
 def route(
     version: Version | str,
-    probes: Mapping[str, bool] | None = None,
+    probes: Mapping[str, bool | None] | None = None,
     *,
     env: Mapping[str, str] | None = None,
+    warn: bool = True,
 ) -> Routing:
     """Pick the adapter for an installed vLLM.
 
     Order: ``VLLM_COMPAT_ADAPTER`` forces one; else the version picks a candidate
-    (too old raises); probes override the candidate when they disagree; a base
-    version past the newest tested series warns once (``VLLM_COMPAT_STRICT=1``: raises).
+    (too old raises) and the probes check it (rules in the module docstring). A base
+    version past the newest tested series is flagged ``newer_than_tested`` (forced or not)
+    and warns once naming the adapter chosen (``warn=False``: the caller warns);
+    ``VLLM_COMPAT_STRICT=1`` raises for it unless an adapter is forced.
     """
     env = os.environ if env is None else env
     forced = env.get("VLLM_COMPAT_ADAPTER", "").strip()
-    if forced:
-        if forced not in ERAS_BY_NAME:
-            raise UnknownAdapterError(
-                f"VLLM_COMPAT_ADAPTER={forced!r} names no adapter; choose one of {sorted(ERAS_BY_NAME)}, "
-                "or unset it to route by the installed version"
-            )
-        return Routing(ERAS_BY_NAME[forced], f"forced by VLLM_COMPAT_ADAPTER={forced}")
-
+    if forced and forced not in ERAS_BY_NAME:
+        raise UnknownAdapterError(
+            f"VLLM_COMPAT_ADAPTER={forced!r} names no adapter; choose one of {sorted(ERAS_BY_NAME)}, "
+            "or unset it to route by the installed version"
+        )
     v = version if isinstance(version, Version) else parse_vllm_version(version)
     by_version = era_for_version(v)
     newer = base_version(v) >= NEWEST_TESTED_SERIES
-    if newer:
-        msg = (
-            f"vLLM {v} is newer than the newest release vllm_compat was tested on "
-            f"({NEWEST_TESTED}); using the newest adapter '{ERAS[-1].name}'"
-        )
-        if _env_flag("VLLM_COMPAT_STRICT", env):
-            raise UnsupportedVllmVersionError(_strict_message(v))
-        if str(v) not in _warned_newer:
-            _warned_newer.add(str(v))
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
-
-    by_probes = era_for_probes(probes) if probes else None
-    if by_probes is not None and by_probes is not by_version:
-        return Routing(
-            by_probes,
-            f"version {v} suggests '{by_version.name}' but feature probes match '{by_probes.name}'",
-            newer,
-        )
-    how = "version and probes agree" if by_probes is not None else "by version"
-    return Routing(by_version, f"{how}: {base_version(v)}", newer)
+    if forced:
+        routing = Routing(ERAS_BY_NAME[forced], f"forced by VLLM_COMPAT_ADAPTER={forced}", newer,
+                          forced=True)
+    else:
+        routing = _by_probes(v, by_version, probes, newer)
+        if newer and strict_mode(env) == "all":
+            raise UnsupportedVllmVersionError(_strict_message(v, routing.era))
+    if newer and warn:
+        warn_newer_once(v, routing)
+    return routing

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import vllm_compat as vc
 
+from .oracle import oracle_fn
+
 FAKE_TOKEN = 7  # any id that is not eos (2) in the tiny config
 
 
@@ -26,6 +28,7 @@ class Run:
     max_blocks_in_use: int = 0
 
 
+@oracle_fn("the scheduler's block pool (driver.free_blocks)")
 def free_blocks(scheduler) -> int:
     return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
@@ -34,7 +37,7 @@ def step(scheduler, run: Run) -> None:
     so = vc.schedule(scheduler)
     for new in so.scheduled_new_reqs:
         run.first_computed.setdefault(new.req_id, new.num_computed_tokens)
-    total = scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1  # minus the null block
+    total = _total_blocks(scheduler)
     run.max_blocks_in_use = max(run.max_blocks_in_use, total - free_blocks(scheduler))
     req_ids = list(so.num_scheduled_tokens)
     for rid, n in so.num_scheduled_tokens.items():
@@ -52,6 +55,11 @@ def step(scheduler, run: Run) -> None:
             if o.finish_reason is not None:
                 run.finished.add(o.request_id)
     run.steps += 1
+
+
+@oracle_fn("the scheduler's block pool (driver.step)")
+def _total_blocks(scheduler) -> int:
+    return scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1  # minus the null block
 
 
 def run_until_done(scheduler, run: Run | None = None, max_steps: int = 200) -> Run:

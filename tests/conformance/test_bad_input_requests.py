@@ -21,6 +21,7 @@ from vllm_compat.requests import InvalidPromptError
 
 from .driver import Run, step
 from .engine_path import hash_fn
+from .oracle import oracle_fn
 
 MAX_MODEL_LEN = 64
 VOCAB = 1024  # the tiny Llama config's vocab_size
@@ -44,6 +45,7 @@ def sp(max_tokens: int = 4):
     return SamplingParams(max_tokens=max_tokens, temperature=0.0)
 
 
+@oracle_fn("a raw vLLM Request (test_bad_input_requests.raw_request)")
 def raw_request(rid: str, ids: list[Any], hasher):
     """What fork code does: vLLM's Request constructor, no checks of its own."""
     from vllm.v1.request import Request

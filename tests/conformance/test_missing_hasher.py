@@ -15,9 +15,11 @@ from packaging.version import Version
 import vllm_compat as vc
 
 from .driver import Run, run_until_done
+from .oracle import oracle_fn
 from .test_scheduler import BLOCK, sp, tokens
 
 
+@oracle_fn("a raw vLLM Request (test_missing_hasher.raw_request)")
 def raw_request(rid: str, ids: list[int]):
     """What fork code does: construct vLLM's Request directly, with no block hasher."""
     from vllm.v1.request import Request

@@ -46,8 +46,9 @@ def test_too_old_version_is_refused_with_the_range_and_the_fix():
 def test_newer_than_tested_is_refused_under_strict():
     msg = _raises(UnsupportedVllmVersionError, versions.route, "0.34.0", env={"VLLM_COMPAT_STRICT": "1"})
     assert msg == ("vLLM 0.34.0 is newer than the newest release vllm_compat was tested on (0.33.0) and "
-                   "VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= 0.33.0, or unset "
-                   "VLLM_COMPAT_STRICT to run it with the newest adapter 'v0_29'")
+                   "VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= 0.33.0, set "
+                   "VLLM_COMPAT_STRICT=drift to accept it when the drift check finds nothing that "
+                   "affects a capability, or unset VLLM_COMPAT_STRICT to run it with adapter 'v0_29'")
 
 
 def test_unparsable_version_string():
@@ -101,8 +102,9 @@ def test_detect_refuses_a_newer_installed_vllm_under_strict(installed_vllm, monk
     monkeypatch.setenv("VLLM_COMPAT_STRICT", "1")
     assert _detect_fails(UnsupportedVllmVersionError) == (
         "vLLM 0.40.1 is newer than the newest release vllm_compat was tested on (0.33.0) and "
-        "VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= 0.33.0, or unset "
-        "VLLM_COMPAT_STRICT to run it with the newest adapter 'v0_29'")
+        "VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= 0.33.0, set "
+        "VLLM_COMPAT_STRICT=drift to accept it when the drift check finds nothing that "
+        "affects a capability, or unset VLLM_COMPAT_STRICT to run it with adapter 'v0_29'")
 
 
 def test_detect_names_an_unparsable_installed_version(installed_vllm):

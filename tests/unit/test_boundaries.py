@@ -18,7 +18,7 @@ VLLM_ALLOWED = ("adapters", "runtime")
 # Lowest first. A module may import modules of its own layer or of lower ones, never of a
 # higher one; the first matching prefix decides a module's layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "versions"),
+    ("errors", "versions", "surface", "drift"),
     ("adapters",),
     ("detect",),
     ("hashing", "requests", "scheduling", "step", "rpc", "locking", "isolation", "target",

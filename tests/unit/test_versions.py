@@ -89,15 +89,108 @@ def test_forced_unknown_adapter():
 
 @pytest.mark.parametrize("era", versions.ERAS, ids=lambda e: e.name)
 def test_probes_override_version(era):
-    # A nightly whose code already has the next era's features is routed by its code.
+    # A nightly whose code already has the next era's features is routed by its code, and
+    # the reason names the probes that disagree with the version.
     r = versions.route("0.16.1.dev3+gabc", era.signature, env={})
     assert r.era is era
-    if era.name != "v0_11":
-        assert "probes match" in r.reason
+    v0_11 = versions.ERAS_BY_NAME["v0_11"].signature
+    disagree = tuple(k for k in versions.ERA_PROBES if era.signature[k] != v0_11[k])
+    assert r.disagreeing == disagree
+    if disagree:
+        names = ", ".join(f"{k}={'yes' if era.signature[k] else 'no'}" for k in disagree)
+        verb = "matches" if len(disagree) == 1 else "match"
+        assert r.reason == (f"version 0.16.1.dev3+gabc suggests 'v0_11' but probe {names} "
+                            f"{verb} '{era.name}'")
+    else:
+        assert r.reason == "version and probes agree: 0.16.1"
 
 
-def test_incomplete_probes_do_not_override():
-    assert versions.route("0.26.0", {"two_phase_step": False}, env={}).era.name == "v0_17"
+def test_missing_probe_keys_cannot_tell():
+    # a probe left out of the mapping is one that cannot tell: the version decides
+    r = versions.route("0.26.0", {"request_takes_eos": False}, env={})
+    assert r.era.name == "v0_17" and r.unknown == ("two_phase_step", "fixed_none_hash_seed")
+    assert r.reason == "by version (probe two_phase_step, fixed_none_hash_seed: cannot tell): 0.26.0"
+
+
+ERA_VERSIONS = {"v0_10": "0.10.2", "v0_11": "0.16.0", "v0_17": "0.26.0", "v0_29": "0.33.0"}
+
+
+@pytest.mark.parametrize("era", versions.ERAS, ids=lambda e: e.name)
+@pytest.mark.parametrize("probe", versions.ERA_PROBES)
+def test_a_probe_that_cannot_tell_never_moves_a_build(era, probe):
+    probes = dict(era.signature, **{probe: None})
+    r = versions.route(ERA_VERSIONS[era.name], probes, env={})
+    assert r.era is era and r.unknown == (probe,) and r.disagreeing == ()
+    assert f"probe {probe}: cannot tell" in r.reason
+
+
+def test_the_moved_seed_case_stays_on_the_newest_era():
+    # init_none_hash (and its seed) moved where no probe could look: fixed_none_hash_seed
+    # cannot tell, and a 0.34 nightly keeps v0_29 instead of falling to v0_17.
+    versions._warned_newer.clear()
+    with pytest.warns(RuntimeWarning, match="using adapter 'v0_29' \\(the newest\\)"):
+        r = versions.route("0.34.0.dev43+g5d6e7f8", {"two_phase_step": True, "request_takes_eos": False,
+                                                    "fixed_none_hash_seed": None}, env={})
+    assert r.era.name == "v0_29" and r.newer_than_tested and r.unknown == ("fixed_none_hash_seed",)
+
+
+def test_an_unknown_probe_widens_the_choice_to_the_nearest_era_only():
+    # eos=yes rules out v0_17/v0_29; two_phase_step cannot tell, so v0_10 would rest on a
+    # guess: the nearest era the known probes allow is taken, v0_11.
+    r = versions.route("0.26.0", {"two_phase_step": None, "request_takes_eos": True,
+                                  "fixed_none_hash_seed": False}, env={})
+    assert r.era.name == "v0_11" and r.disagreeing == ("request_takes_eos",)
+    assert r.reason == "version 0.26.0 suggests 'v0_17' but probe request_takes_eos=yes matches 'v0_11'"
+
+
+def test_probes_that_match_no_era_keep_the_version():
+    r = versions.route("0.26.0", {"two_phase_step": False, "request_takes_eos": False,
+                                  "fixed_none_hash_seed": True}, env={})
+    assert r.era.name == "v0_17"
+    assert r.reason == ("version 0.26.0 suggests 'v0_17'; probe two_phase_step=no, "
+                        "fixed_none_hash_seed=yes match no era, so the version's is kept")
+
+
+@pytest.mark.parametrize("era", versions.ERAS, ids=lambda e: e.name)
+def test_a_newer_build_is_never_routed_below_the_newest_era_by_probes(era):
+    versions._warned_newer.clear()
+    with pytest.warns(RuntimeWarning, match="using adapter 'v0_29'"):
+        r = versions.route("0.34.0.dev42+g1a2b3c4", era.signature, env={})
+    assert r.era.name == "v0_29" and r.newer_than_tested
+    newest = versions.ERAS[-1].signature
+    disagree = tuple(k for k in versions.ERA_PROBES if era.signature[k] != newest[k])
+    assert r.disagreeing == disagree
+    if disagree:
+        names = ", ".join(f"{k}={'yes' if era.signature[k] else 'no'}" for k in disagree)
+        assert r.reason.startswith(
+            "version 0.34.0.dev42+g1a2b3c4 is newer than tested: kept the newest adapter "
+            f"'v0_29' although probe {names} ")
+        assert r.reason.endswith(f"'{era.name}'")
+
+
+def test_a_forced_adapter_keeps_the_newer_than_tested_flag_and_is_named():
+    versions._warned_newer.clear()
+    with pytest.warns(RuntimeWarning) as rec:
+        r = versions.route("0.34.0rc1", env={"VLLM_COMPAT_ADAPTER": "v0_17"})
+    assert r.era.name == "v0_17" and r.forced and r.newer_than_tested
+    assert str(rec[0].message) == (
+        "vLLM 0.34.0rc1 is newer than the newest release vllm_compat was tested on (0.33.0); "
+        "using adapter 'v0_17' (forced by VLLM_COMPAT_ADAPTER)")
+
+
+@pytest.mark.parametrize("value,mode", [("1", "all"), ("true", "all"), ("ON", "all"),
+                                        ("drift", "drift"), (" Drift ", "drift"), ("", ""),
+                                        ("0", ""), ("no", "")])
+def test_strict_modes(value, mode):
+    assert versions.strict_mode({"VLLM_COMPAT_STRICT": value}) == mode
+
+
+def test_strict_drift_does_not_refuse_in_routing():
+    # the drift check decides (detect), after the probes and the surface were read
+    versions._warned_newer.clear()
+    with pytest.warns(RuntimeWarning):
+        r = versions.route("0.34.0", env={"VLLM_COMPAT_STRICT": "drift"})
+    assert r.era.name == "v0_29"
 
 
 def test_era_signatures_are_distinct_and_ordered():

@@ -1,8 +1,12 @@
 """The adapter of the newest eras (``v0_17``: 0.17-0.28, ``v0_29``: 0.29+), and the base of the others.
 
-Every function here only touches vLLM symbols that exist, with the same meaning, in
-every supported release (0.10.2 onward), except where a function names the release it
-needs. An older era's module (``v0_10``, ``v0_11``) imports everything from here and
+Every vLLM symbol used here is declared in :mod:`vllm_compat.surface` and resolved through
+:mod:`._resolve` (``sym("Request")``): at its known location, or where a newer vLLM moved it
+(used, and reported by ``vllm-compat doctor --drift``); a symbol found nowhere, or a call
+whose signature drifted, raises a :class:`~vllm_compat.errors.VllmDriftError` naming the
+capability instead of vLLM's AttributeError / TypeError. Each function only touches symbols
+that exist, with the same meaning, in every supported release (0.10.2 onward), except where
+a function names the release it needs. An older era's module (``v0_10``, ``v0_11``) imports everything from here and
 redefines what differs in its releases; the per-release drift that is too small for an
 era of its own is handled here with a probe, commented with the vLLM change behind it.
 
@@ -13,52 +17,39 @@ seeds ``NONE_HASH`` from a fixed value for sha256 and makes Model Runner V2 the 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import inspect
 from concurrent.futures import Future
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 import vllm
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-from vllm.sampling_params import SamplingParams
-from vllm.v1.core import kv_cache_utils as kcu
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
-from vllm.v1.request import Request
 
-from ..errors import UnsupportedFeatureError, VllmCompatError
+from ..errors import ReturnTypeDriftError, UnsupportedFeatureError, VllmCompatError
+from . import _resolve
+from ._resolve import check_call, module_of, sym
 
-HIDDEN_STATES_CONNECTOR_MODULE = (
-    "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
-)
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
 
+# The adapter function set (vllm_compat.adapters.AdapterAPI); an era module imports by name
+# the ones its releases keep and redefines the rest.
+__all__ = [
+    "version", "probes", "hash_function", "hash_function_names", "init_none_hash",
+    "current_none_hash", "request_block_hasher", "block_hashes", "attach_block_hasher",
+    "new_request", "vllm_config", "kv_cache_config", "new_scheduler",
+    "scheduler_hash_block_size", "schedule", "update_from_output", "has_unscheduled_tokens",
+    "grammar_output", "model_runner_output", "run_model_step", "launch_model_step",
+    "resolve_output", "collective_rpc", "runner_flavour",
+]
 
 def _params(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(fn).parameters)
-
-
-def _init_params(cls: type) -> dict[str, inspect.Parameter]:
-    """The parameters of the first ``__init__`` in ``cls``'s MRO that names any: a subclass
-    that only forwards ``*args, **kwargs`` (AsyncScheduler) says nothing by itself."""
-    forwarding = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    for k in cls.__mro__:
-        init = vars(k).get("__init__")
-        if init is None:
-            continue
-        ps = _params(init)
-        if any(p.kind not in forwarding for n, p in ps.items() if n != "self"):
-            return ps
-    return {}
-
-
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def version() -> str:
@@ -68,78 +59,69 @@ def version() -> str:
 # --------------------------------------------------------------------------- probes
 
 
-def probes() -> dict[str, bool]:
-    """Feature probes read from the installed vLLM (``hasattr`` / signatures, no version checks)."""
-    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
-    from vllm.v1.executor.abstract import Executor
-
-    req = _params(Request.__init__)
-    sched = _params(Scheduler.__init__)
-    cache_blocks_src = inspect.getsource(SingleTypeKVCacheManager.cache_blocks)
-    return {
-        # era-defining probes (see versions.ERAS)
-        "two_phase_step": hasattr(Executor, "sample_tokens"),
-        "request_takes_eos": "eos_token_id" in req,
-        "fixed_none_hash_seed": hasattr(kcu, "DEFAULT_NONE_HASH_SEED"),
-        # finer drift inside eras
-        "request_takes_structured_output_request": "structured_output_request" in req,
-        "request_update_block_hashes": hasattr(Request, "update_block_hashes"),
-        "hashing_module": _has_module("vllm.utils.hashing"),
-        "hasher_lookahead_tokens": "num_hash_lookahead_tokens"
-        in _params(kcu.get_request_block_hasher),
-        "scheduler_takes_block_size": "block_size" in sched,
-        "scheduler_takes_hash_block_size": "hash_block_size" in sched,
-        "schedule_takes_throttle_prefills": "throttle_prefills" in _params(Scheduler.schedule),
-        "missing_hasher_tolerated": "num_hashed_tokens" in cache_blocks_src,
-        "model_runner_v2_available": _has_module("vllm.v1.worker.gpu.model_runner"),
-        "native_extract_hidden_states": _has_module(HIDDEN_STATES_CONNECTOR_MODULE),
-    }
+def probes() -> dict[str, bool | None]:
+    """Feature probes read from the installed vLLM, never from its version: True, False, or
+    None when the probe cannot tell (what it reads is missing); see ``surface.PROBES``."""
+    return _resolve.probe_values()
 
 
 # --------------------------------------------------------------------------- hashing
 
 
 def hash_function(name: str) -> Callable[[Any], bytes]:
-    # 0.11 moved the hash helpers from vllm.utils to vllm.utils.hashing (v0_10 overrides this).
-    from vllm.utils.hashing import get_hash_fn_by_name
-
-    return get_hash_fn_by_name(name)
+    # 0.11 moved the hash helpers from vllm.utils to vllm.utils.hashing (the surface lists
+    # both; v0_10 imports its own). The function must return bytes, as the hasher hashes them.
+    return _resolve.check_hash_fn(name, sym("get_hash_fn_by_name")(name))
 
 
 def hash_function_names() -> tuple[str, ...]:
     """The algorithm names ``get_hash_fn_by_name`` accepts in this release."""
     from typing import get_args
 
-    from vllm.config.cache import PrefixCachingHashAlgo
-
-    return tuple(get_args(PrefixCachingHashAlgo))
+    return tuple(get_args(sym("PrefixCachingHashAlgo")))
 
 
 def init_none_hash(hash_fn: Callable[[Any], bytes]) -> bytes:
-    """Run vLLM's ``init_none_hash`` and return the ``NONE_HASH`` it set."""
-    kcu.init_none_hash(hash_fn)
-    return kcu.NONE_HASH
+    """Run vLLM's ``init_none_hash`` and return the ``NONE_HASH`` it set, read from the module
+    that holds it (beside ``init_none_hash``, wherever vLLM keeps the two)."""
+    sym("init_none_hash")(hash_fn)
+    root = current_none_hash()
+    if not isinstance(root, bytes):
+        raise ReturnTypeDriftError(
+            capability="hashing", vllm_version=vllm.__version__, symbol="NONE_HASH",
+            expected=f"init_none_hash to set {_none_hash_module().__name__}.NONE_HASH to bytes",
+            found=f"{type(root).__name__}")
+    return root
+
+
+def _none_hash_module() -> Any:
+    # the module of the NONE_HASH entry (beside init_none_hash) once resolved
+    found = _resolve.lookup("NONE_HASH")
+    return module_of("NONE_HASH") if found is not None else module_of("init_none_hash")
 
 
 def current_none_hash() -> bytes | None:
     # NONE_HASH is only an annotation until init_none_hash runs (every release).
-    return getattr(kcu, "NONE_HASH", None)
+    return getattr(_none_hash_module(), "NONE_HASH", None)
 
 
 def request_block_hasher(
     block_size: int, hash_fn: Callable[[Any], bytes], lookahead_tokens: int = 0
 ) -> Callable[[Request], list[Any]]:
     """vLLM's own per-request hasher, built exactly as ``EngineCore.__init__`` builds it."""
+    get_request_block_hasher = sym("get_request_block_hasher")
     # 0.33.0 added num_hash_lookahead_tokens (EAGLE block-drop drafters); before it the
     # engine had no lookahead, so 0 is the only value that matches the engine there.
-    if "num_hash_lookahead_tokens" in _params(kcu.get_request_block_hasher):
-        return kcu.get_request_block_hasher(block_size, hash_fn, lookahead_tokens)
+    if "num_hash_lookahead_tokens" in _params(get_request_block_hasher):
+        check_call("get_request_block_hasher", get_request_block_hasher, 3, {})
+        return get_request_block_hasher(block_size, hash_fn, lookahead_tokens)
     if lookahead_tokens:
         raise UnsupportedFeatureError(
             f"vLLM {vllm.__version__} has no num_hash_lookahead_tokens (added in 0.33.0)"
         )
     # 0.24.0 renamed the first parameter block_size -> hash_block_size: pass it positionally.
-    return kcu.get_request_block_hasher(block_size, hash_fn)
+    check_call("get_request_block_hasher", get_request_block_hasher, 2, {})
+    return get_request_block_hasher(block_size, hash_fn)
 
 
 def block_hashes(request: Request) -> list[bytes]:
@@ -150,7 +132,7 @@ def attach_block_hasher(request: Request, hasher: Callable[[Request], list[Any]]
     """Bind a hasher to a Request built without one and hash its full blocks now."""
     # 0.16.0: Request stores `_block_hasher` and calls update_block_hashes() (vLLM
     # dropped the functools.partial to avoid a reference cycle); before, see else.
-    if hasattr(Request, "update_block_hashes"):
+    if _resolve.get("Request.update_block_hashes") is not None:
         request._block_hasher = hasher
         request.block_hashes.clear()
         request.update_block_hashes()
@@ -175,7 +157,7 @@ def prepare_sampling_params(
 ) -> SamplingParams:
     """Apply the eos token as the engine would, on a copy: the caller's params are never mutated."""
     if sampling_params is None:
-        sp = SamplingParams(max_tokens=1)
+        sp = sym("SamplingParams")(max_tokens=1)
     elif eos_token_id is not None:
         sp = sampling_params.clone()
     else:
@@ -193,7 +175,7 @@ def prepare_sampling_params(
 
 @lru_cache(maxsize=None)
 def _request_params() -> frozenset[str]:
-    return frozenset(_params(Request.__init__))
+    return frozenset(_resolve.params(sym("Request")) or ())
 
 
 def _check_extra(extra: dict[str, Any]) -> None:
@@ -251,7 +233,11 @@ def request_factory(era_kwargs: RequestKwargsHook | None = None) -> Callable[...
                             eos_token_id, block_hasher, extra)
         if era_kwargs is not None:
             era_kwargs(kw, eos_token_id)
-        return Request(**kw)
+        cls = sym("Request")
+        # a new required parameter (or one we pass that is gone) is named, with the
+        # workaround, before vLLM's TypeError (one cached set comparison per request)
+        check_call("Request", cls, 0, kw)
+        return cls(**kw)
 
     return new_request
 
@@ -282,18 +268,22 @@ def kv_cache_config(
     spec_kw: dict[str, Any] = dict(
         block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype
     )
+    full_attention_spec = sym("FullAttentionSpec")
     # 0.10.2 had a required `use_mla` field on AttentionSpec (removed in 0.11).
-    if "use_mla" in {f.name for f in dataclasses.fields(FullAttentionSpec)}:
+    if "use_mla" in {f.name for f in dataclasses.fields(full_attention_spec)}:
         spec_kw["use_mla"] = False
     # Keywords only: AttentionSpec became kw_only in 0.14 and its fields keep moving.
-    spec = FullAttentionSpec(**spec_kw)
+    check_call("FullAttentionSpec", full_attention_spec, 0, spec_kw)
+    spec = full_attention_spec(**spec_kw)
+    group = sym("KVCacheGroupSpec")
+    check_call("KVCacheGroupSpec", group, 2, {})
     # kv_cache_tensors stays empty: KVCacheTensor changed shape in 0.29 and the
     # scheduler never reads it.
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(list(layer_names), spec)],
-    )
+    kw = dict(num_blocks=num_blocks, kv_cache_tensors=[],
+              kv_cache_groups=[group(list(layer_names), spec)])
+    kv_cache_config_cls = sym("KVCacheConfig")
+    check_call("KVCacheConfig", kv_cache_config_cls, 0, kw)
+    return kv_cache_config_cls(**kw)
 
 
 def scheduler_class(vllm_config: VllmConfig) -> type:
@@ -304,16 +294,12 @@ def scheduler_class(vllm_config: VllmConfig) -> type:
         return sc.get_scheduler_cls()
     cls = getattr(sc, "scheduler_cls", None)
     if isinstance(cls, str) and cls.startswith("vllm.v1."):
-        from vllm.utils import resolve_obj_by_qualname
-
-        return resolve_obj_by_qualname(cls)
+        return sym("resolve_obj_by_qualname")(cls)
     if isinstance(cls, type):
         return cls
     if getattr(sc, "async_scheduling", False):
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
-        return AsyncScheduler
-    return Scheduler
+        return sym("AsyncScheduler")
+    return sym("Scheduler")
 
 
 def new_scheduler(
@@ -324,19 +310,19 @@ def new_scheduler(
     include_finished_set: bool = False,
 ) -> Scheduler:
     """The Scheduler class the engine would pick, built with this release's arguments."""
-    from vllm.v1.structured_output import StructuredOutputManager
-
     cache = vllm_config.cache_config
     if not cache.num_gpu_blocks:
         # Scheduler asserts num_gpu_blocks > 0 (an init=False field the engine fills).
         cache.num_gpu_blocks = kv_cache_config.num_blocks
     cls = scheduler_class(vllm_config)
-    params = _init_params(cls)
+    params = _resolve.params(cls) or {}
     block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+    structured_output_manager = sym("StructuredOutputManager")
+    check_call("StructuredOutputManager", structured_output_manager, 1, {})
     kw: dict[str, Any] = dict(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(vllm_config),
+        structured_output_manager=structured_output_manager(vllm_config),
         include_finished_set=include_finished_set,
         log_stats=log_stats,
     )
@@ -347,14 +333,16 @@ def new_scheduler(
     # value from resolve_kv_cache_block_sizes, which equals block_size for one group.
     if "hash_block_size" in params:
         kw["hash_block_size"] = _hash_block_size(kv_cache_config, vllm_config, block_size)
+    check_call("Scheduler", cls, 0, kw)
     return cls(**kw)
 
 
 def _hash_block_size(kv_cache_config: KVCacheConfig, vllm_config: VllmConfig, default: int) -> int:
+    resolve = _resolve.get("resolve_kv_cache_block_sizes")
     # 0.20 added resolve_kv_cache_block_sizes (context parallelism scales the hash
     # block size); before it the hash block size was always the KV block size.
-    if hasattr(kcu, "resolve_kv_cache_block_sizes"):
-        return kcu.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)[1]
+    if resolve is not None:
+        return resolve(kv_cache_config, vllm_config)[1]
     return default
 
 
@@ -367,7 +355,7 @@ def scheduler_hash_block_size(scheduler: Scheduler) -> int:
 
 def schedule(scheduler: Scheduler, *, throttle_prefills: bool = False):
     # 0.24 added schedule(throttle_prefills=False); earlier releases take no argument.
-    if "throttle_prefills" in _params(scheduler.schedule):
+    if "throttle_prefills" in _schedule_params(type(scheduler)):
         return scheduler.schedule(throttle_prefills=throttle_prefills)
     if throttle_prefills:
         raise UnsupportedFeatureError(
@@ -376,18 +364,27 @@ def schedule(scheduler: Scheduler, *, throttle_prefills: bool = False):
     return scheduler.schedule()
 
 
+@lru_cache(maxsize=None)
+def _schedule_params(cls: type) -> frozenset[str]:
+    ps = _resolve.params(cls.schedule)
+    if ps is not None and any(req for n, req in ps.items() if not n.startswith("*")):
+        raise _resolve.signature_error(
+            "Scheduler.schedule", new_required=[n for n, r in ps.items() if r and n[0] != "*"])
+    return frozenset(ps or ())
+
+
 def resolve_output(out: Any) -> Any:
     """A concrete ModelRunnerOutput from a Future / AsyncModelRunnerOutput / value."""
     if isinstance(out, Future):
         out = out.result()
-    if isinstance(out, AsyncModelRunnerOutput):
+    if isinstance(out, sym("AsyncModelRunnerOutput")):
         out = out.get_output()
     return out
 
 
 def update_from_output(scheduler: Scheduler, scheduler_output: Any, model_runner_output: Any):
     out = resolve_output(model_runner_output)
-    if not isinstance(out, ModelRunnerOutput):
+    if not isinstance(out, sym("ModelRunnerOutput")):
         raise VllmCompatError(
             "update_from_output needs a ModelRunnerOutput, got "
             f"{type(out).__name__} (did execute_model return None without sample_tokens?)"
@@ -404,7 +401,8 @@ def model_runner_output(
     req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]
 ) -> ModelRunnerOutput:
     """A ModelRunnerOutput for a fabricated step (what vLLM's own scheduler tests do)."""
-    fields = {f.name: f for f in dataclasses.fields(ModelRunnerOutput)}
+    model_runner_output_cls = sym("ModelRunnerOutput")
+    fields = {f.name: f for f in dataclasses.fields(model_runner_output_cls)}
     kw: dict[str, Any] = dict(
         req_ids=list(req_ids),
         req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -418,10 +416,10 @@ def model_runner_output(
     }
     fillers: dict[str, Any] = {"logprobs": None, "prompt_logprobs_dict": {}, "pooler_output": []}
     for name in required - kw.keys():
-        if name not in fillers:
-            raise VllmCompatError(f"ModelRunnerOutput of vLLM {vllm.__version__} requires {name!r}")
-        kw[name] = fillers[name]
-    return ModelRunnerOutput(**kw)
+        if name in fillers:
+            kw[name] = fillers[name]
+    check_call("ModelRunnerOutput", model_runner_output_cls, 0, kw)
+    return model_runner_output_cls(**kw)
 
 
 def _sampled_token_ids(field: dataclasses.Field, ids: Sequence[Sequence[int]]) -> list:
@@ -446,9 +444,12 @@ def _init_names(cls: type) -> set[str]:
     return set(_params(getattr(cls, "__init__")))
 
 
-def _filtered(cls: type, kw: dict[str, Any]) -> Any:
+def _filtered(key: str, kw: dict[str, Any]) -> Any:
+    cls = sym(key)
     accepted = _init_names(cls)
-    return cls(**{k: v for k, v in kw.items() if k in accepted})
+    kw = {k: v for k, v in kw.items() if k in accepted}
+    check_call(key, cls, 0, kw)
+    return cls(**kw)
 
 
 def vllm_config(
@@ -478,8 +479,8 @@ def vllm_config(
         # UnspecifiedPlatform raises NotImplementedError unless this is off.
         use_async_output_proc=False,
     )
-    model_config = _filtered(ModelConfig, mc_kw)
-    cache_config = _filtered(CacheConfig, dict(
+    model_config = _filtered("ModelConfig", mc_kw)
+    cache_config = _filtered("CacheConfig", dict(
         block_size=block_size, enable_prefix_caching=enable_prefix_caching,
         prefix_caching_hash_algo=hash_algo,
     ))
@@ -490,14 +491,14 @@ def vllm_config(
         # 0.12 made max_model_len and is_encoder_decoder InitVars of SchedulerConfig.
         is_encoder_decoder=False,
     )
-    scheduler_config = _filtered(SchedulerConfig, sc_kw)
+    scheduler_config = _filtered("SchedulerConfig", sc_kw)
     # The PyPI wheel is a CUDA build: on a GPU-less box current_platform is
     # UnspecifiedPlatform and DeviceConfig("auto") cannot infer a device.
-    device_config = DeviceConfig(device=device)  # type: ignore[arg-type]  # a str is what it parses
-    cfg = VllmConfig(
-        model_config=model_config, cache_config=cache_config,
-        scheduler_config=scheduler_config, device_config=device_config,
-    )
+    device_config = sym("DeviceConfig")(device=device)
+    cfg_kw = dict(model_config=model_config, cache_config=cache_config,
+                  scheduler_config=scheduler_config, device_config=device_config)
+    check_call("VllmConfig", sym("VllmConfig"), 0, cfg_kw)
+    cfg = sym("VllmConfig")(**cfg_kw)
     cfg.cache_config.num_gpu_blocks = num_gpu_blocks
     return cfg
 
@@ -571,7 +572,7 @@ def _final_output(out: Any) -> ModelRunnerOutput:
     if out is None:
         # The V2 runner returns None from sample_tokens when execute_model failed.
         raise VllmCompatError("model step produced no output (execute_model failed?)")
-    if not isinstance(out, ModelRunnerOutput):
+    if not isinstance(out, sym("ModelRunnerOutput")):
         raise VllmCompatError(f"model step returned {type(out).__name__}, not ModelRunnerOutput")
     return out
 

@@ -15,6 +15,7 @@ from vllm.utils import get_hash_fn_by_name
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
 from ..errors import VllmCompatError
+from . import _resolve
 
 # The common adapter's functions that this era keeps; what differs is redefined below.
 from ._common import (  # noqa: F401  (re-exported: vllm_compat.adapters.AdapterAPI)
@@ -28,7 +29,9 @@ from ._common import LaunchedStep, call_step, eos_in_request, request_factory
 
 
 def hash_function(name: str) -> Callable[[Any], bytes]:
-    return get_hash_fn_by_name(name)
+    # imported from vllm.utils above: the module fails to load on 0.11+, where forcing this
+    # era (VLLM_COMPAT_ADAPTER=v0_10) must fail clearly instead of half-working
+    return _resolve.check_hash_fn(name, get_hash_fn_by_name(name))
 
 
 def _v0_10_request_kwargs(kw: dict[str, Any], eos_token_id: int | None) -> None:

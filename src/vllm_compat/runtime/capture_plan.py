@@ -24,29 +24,23 @@ from typing import Sequence
 import vllm
 from packaging.version import Version
 
+from ..adapters._resolve import get, sym
 from ..errors import UnsupportedFeatureError
 from ..target import TargetInfo
 
 VLLM_VERSION = Version(Version(vllm.__version__).base_version)
 
 # 0.18.1: EagleModelMixin (index 0 = embeddings, index L = last-layer output) for
-# Llama/Qwen2/Qwen3/Qwen3Moe inner models. Absent before.
-try:
-    from vllm.model_executor.models.interfaces import EagleModelMixin  # type: ignore
-except ImportError:  # <= 0.17.1
-    EagleModelMixin = None  # type: ignore[assignment,misc]
-
-try:
-    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model
-except ImportError:  # pragma: no cover - present in every supported release
-    DeepseekV2ForCausalLM = DeepseekV2Model = None  # type: ignore[assignment,misc]
+# Llama/Qwen2/Qwen3/Qwen3Moe inner models. Absent before (None).
+EagleModelMixin = get("EagleModelMixin")
+# present in every supported release (optional in the surface: None if a build drops it)
+DeepseekV2ForCausalLM = get("DeepseekV2ForCausalLM")
+DeepseekV2Model = getattr(sys.modules.get(getattr(DeepseekV2ForCausalLM, "__module__", "")),
+                          "DeepseekV2Model", None)
 
 # 0.15.0 added Kimi-K2.5 (vllm#33131); from 0.16 its language_model is a DeepseekV2ForCausalLM,
 # from 0.18.1 it delegates set_aux_hidden_state_layers to it (vllm#36361).
-try:
-    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
-except ImportError:  # < 0.15.0
-    KimiK25ForConditionalGeneration = None  # type: ignore[assignment,misc]
+KimiK25ForConditionalGeneration = get("KimiK25ForConditionalGeneration")
 
 # Architectures a user may meet on a release that predates them.
 ADDED_IN = {"KimiK25ForConditionalGeneration": "0.15.0"}
@@ -59,10 +53,10 @@ FORCE_TAP = "VLLM_COMPAT_FINAL_STATE_TAP"
 
 
 def _model_class(target: TargetInfo) -> type | None:
-    from vllm.model_executor.models.registry import ModelRegistry
+    try_load = sym("ModelRegistry._try_load_model_cls")
     for arch in target.architectures:
         # _try_load_model_cls(arch) exists with this signature 0.10.2-0.33.0.
-        cls = ModelRegistry._try_load_model_cls(arch)
+        cls = try_load(arch)
         if cls is not None:
             return cls
     return None

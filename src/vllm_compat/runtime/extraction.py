@@ -20,7 +20,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 import vllm
 from packaging.version import Version
-from vllm import LLM, SamplingParams
+
+from ..adapters._resolve import check_call, sym
 
 from ..detect import detect
 from ..extract import fp8
@@ -35,8 +36,7 @@ from .llm import free_gpu_memory, release_llm
 
 
 def _engine_args_fields() -> set[str]:
-    from vllm.engine.arg_utils import EngineArgs
-    return {f.name for f in dataclasses.fields(EngineArgs)}
+    return {f.name for f in dataclasses.fields(sym("EngineArgs"))}
 
 
 def set_env(**values: str) -> dict[str, str | None]:
@@ -141,8 +141,7 @@ def reset_envs_cache() -> None:
     """Make vLLM read its environment variables again (before building another engine)."""
     # 0.2x: EngineCore.__init__ calls envs.enable_envs_cache(), freezing env reads for the
     # rest of the process; a second LLM must see our variables again.
-    import vllm.envs as envs
-    fn = getattr(envs, "disable_envs_cache", None)
+    fn = get("disable_envs_cache")
     if fn is not None:
         fn()
 
@@ -161,7 +160,7 @@ def _saved(path: str) -> bool:
         return True
 
 
-def wait_hidden_states_saved(paths: Sequence[str], llm: LLM, timeout: float = 120.0) -> None:
+def wait_hidden_states_saved(paths: Sequence[str], llm: Any, timeout: float = 120.0) -> None:
     """Until vLLM's hidden-states connector has written every file of ``paths`` (the
     ``kv_transfer_params["hidden_states_path"]`` of ``generate()``'s outputs).
 
@@ -273,7 +272,7 @@ class ExtractionEngine:
         return (self.tensor_parallel_size > 1 and self.plan.mode == "aux"
                 and (bool(self.plan.native_ids) or self.plan.tap_final))
 
-    def _build_llm(self, args: dict[str, Any]) -> LLM:
+    def _build_llm(self, args: dict[str, Any]) -> Any:
         """Build the ``LLM`` with the environment it needs (:func:`engine_env`), aux capture
         configured at load. The run-time variables are put back by :meth:`close`."""
         build, run = engine_env(
@@ -287,7 +286,9 @@ class ExtractionEngine:
             with capture_worker.aux_configured(
                     self.plan.native_ids if self.plan.mode == "aux" else None,
                     tap_final=self.plan.tap_final):
-                llm = LLM(**args)
+                llm_cls = sym("LLM")
+                check_call("LLM", llm_cls, 0, args)
+                llm = llm_cls(**args)
         except BaseException:
             _release_run_env(run)
             raise
@@ -317,7 +318,7 @@ class ExtractionEngine:
                          vllm=vllm.__version__, tp=self.tensor_parallel_size,
                          enforce_eager=self.plan.enforce_eager)
         self._block_hasher = getattr(self.core, "request_block_hasher", None)
-        self._sp = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        self._sp = sym("SamplingParams")(max_tokens=1, temperature=0.0, detokenize=False)
 
     def _init_step_loop(self, overlap_copy: bool | None, launch_ahead: bool | None) -> None:
         # TP=1 runs the worker in this process (UniProcExecutor): its tensors need no pickling
@@ -413,11 +414,10 @@ class ExtractionEngine:
             self._pending[req_id] = (list(token_ids), 0)
 
     def abort(self, req_ids: Iterable[str]) -> None:
-        from vllm.v1.request import RequestStatus
         for fs in self._steps.drain():  # steps in flight: finish them, drop their states
             if isinstance(fs.value, StagedCopy):
                 fs.value.discard()
-        self.core.scheduler.finish_requests(list(req_ids), RequestStatus.FINISHED_ABORTED)
+        self.core.scheduler.finish_requests(list(req_ids), sym("RequestStatus.FINISHED_ABORTED"))
         while self._tickets:  # their states belong to the aborted extraction
             self._tickets.popleft().discard()
 
@@ -490,8 +490,8 @@ class ExtractionEngine:
     # ---- native: vLLM's own extract_hidden_states + connector
 
     def run_native(self, batch: Sequence[tuple[str, Sequence[int]]]) -> list[Any]:
-        from vllm.inputs import TokensPrompt
-        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for _, ids in batch]
+        tokens_prompt = sym("TokensPrompt")
+        prompts = [tokens_prompt(prompt_token_ids=list(ids)) for _, ids in batch]
         outs = self.llm.generate(prompts, self._sp, use_tqdm=False)
         order = self.plan.native_ids
         pos = [order.index(k) for k in self.layer_ids]
@@ -518,9 +518,9 @@ class ExtractionEngine:
 
     def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float | None]]:
         """vLLM's own prompt logprobs of the actual prompt tokens (``llm.generate``)."""
-        from vllm.inputs import TokensPrompt
-        sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sp,
+        tokens_prompt = sym("TokensPrompt")
+        sp = sym("SamplingParams")(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate([tokens_prompt(prompt_token_ids=list(p)) for p in prompts], sp,
                                  use_tqdm=False)
         res = []
         for o, p in zip(outs, prompts):

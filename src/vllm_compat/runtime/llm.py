@@ -17,12 +17,15 @@ import gc
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import vllm
-from vllm import LLM, SamplingParams
-from vllm.inputs import TokensPrompt
+
+from ..adapters._resolve import check_call, get, sym
+
+if TYPE_CHECKING:
+    from vllm import LLM
 
 
 def version() -> str:
@@ -51,7 +54,9 @@ def open_llm(
     if speculative_config is not None:
         args["speculative_config"] = dict(speculative_config)
     args.update(kwargs)
-    return LLM(**args)
+    llm_cls = sym("LLM")  # vLLM's LLM, resolved through vllm_compat.surface
+    check_call("LLM", llm_cls, 0, args)
+    return llm_cls(**args)
 
 
 def generate(
@@ -62,8 +67,10 @@ def generate(
     ignore_eos: bool = True,
 ) -> list[list[int]]:
     """Greedy continuations (token ids) of token-id prompts, in input order."""
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos, detokenize=False)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
+    sp = sym("SamplingParams")(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos,
+                               detokenize=False)
+    tokens_prompt = sym("TokensPrompt")
+    outs = llm.generate([tokens_prompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
@@ -147,8 +154,9 @@ def reset_cuda_graph_pool() -> None:
     captured into it are gone, PyTorch releases the pool; the next engine of the process would
     capture into the released pool and fail in the caching allocator (``use_count > 0
     INTERNAL ASSERT FAILED``). After this, the next engine gets a pool of its own."""
-    from vllm.platforms import current_platform
-
+    current_platform = get("current_platform")
+    if current_platform is None:
+        return
     for klass in type(current_platform).__mro__:
         if "_global_graph_pool" in vars(klass):
             klass._global_graph_pool = None
@@ -165,10 +173,10 @@ def free_gpu_memory() -> None:
     LLMs. ``cleanup_dist_env_and_memory`` undoes the ``gc.freeze()`` of an in-process engine
     core (0.16+) before it collects, so the frozen engine objects are freed too."""
     gc.collect()
+    cleanup = get("cleanup_dist_env_and_memory")
     with contextlib.suppress(Exception):
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
+        if cleanup is not None:
+            cleanup()
     gc.collect()
     with contextlib.suppress(Exception):
         if torch.cuda.is_initialized():

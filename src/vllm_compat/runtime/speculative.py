@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import vllm
-from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+from ..adapters._resolve import get, sym
 
 _LLAMA_EAGLE3 = "vllm.model_executor.models.llama_eagle3"
 
@@ -28,12 +29,13 @@ def _source(module: str) -> str:
 
 def speculative_config_dict(config_dict: dict[str, Any]) -> dict[str, Any]:
     """vLLM's validation + translation of the speculators keys into speculative-config keys."""
-    SpeculatorsConfig.validate_speculators_config(config_dict)
+    sym("SpeculatorsConfig.validate_speculators_config")(config_dict)
+    extract = get("SpeculatorsConfig.extract_vllm_speculative_config")
     # 0.11 split the translation out as extract_vllm_speculative_config; 0.10 only has
     # convert_speculators_to_vllm (which also folds in transformer_layer_config).
-    if hasattr(SpeculatorsConfig, "extract_vllm_speculative_config"):
-        return SpeculatorsConfig.extract_vllm_speculative_config(config_dict)
-    out = SpeculatorsConfig.convert_speculators_to_vllm(config_dict)
+    if extract is not None:
+        return extract(config_dict)
+    out = sym("SpeculatorsConfig.convert_speculators_to_vllm")(config_dict)
     out["num_speculative_tokens"] = out.get("num_lookahead_tokens")
     return out
 
@@ -42,13 +44,11 @@ def draft_hf_config(checkpoint_dir: str, target_dir: str | None = None) -> Any:
     """The draft ``PretrainedConfig`` vLLM serves with: via a real ``SpeculativeConfig`` when the
     target is a local directory, else ``SpeculatorsConfig.from_pretrained`` alone."""
     if target_dir is None:
-        return SpeculatorsConfig.from_pretrained(checkpoint_dir)
-    from vllm.config import SpeculativeConfig
-
+        return sym("SpeculatorsConfig.from_pretrained")(checkpoint_dir)
     from ..scheduling import make_vllm_config
 
     target = make_vllm_config(target_dir)
-    sc = SpeculativeConfig(
+    sc = sym("SpeculativeConfig")(
         model=checkpoint_dir, method="eagle3",
         num_speculative_tokens=_num_tokens(checkpoint_dir),
         target_model_config=target.model_config, target_parallel_config=target.parallel_config,
@@ -79,9 +79,7 @@ def fc_input_size(hf: Any) -> int:
 
 
 def _supported(architectures: list[str]) -> bool:
-    from vllm.model_executor.models import ModelRegistry
-
-    return all(a in ModelRegistry.get_supported_archs() for a in architectures)
+    return all(a in sym("ModelRegistry.get_supported_archs")() for a in architectures)
 
 
 def serving_view(checkpoint_dir: str, target_dir: str | None = None) -> dict[str, Any]:
