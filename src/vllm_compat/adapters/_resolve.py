@@ -23,7 +23,7 @@ import sys
 import threading
 from dataclasses import MISSING, dataclass
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import vllm
 from packaging.version import Version
@@ -265,8 +265,9 @@ def _expected_text(s: Symbol) -> str:
 
 
 def _missing_text(s: Symbol) -> str:
-    if s.parent is not None and lookup(s.parent) is not None:
-        return f"{lookup(s.parent).where} has no attribute '{s.member}'"
+    parent = lookup(s.parent) if s.parent is not None else None
+    if parent is not None:
+        return f"{parent.where} has no attribute '{s.member}'"
     if s.parent is not None:
         return f"{s.parent} itself is missing"
     places = [loc.where for loc in s.locations]
@@ -429,7 +430,7 @@ def check_call(key: str, fn: Any, nargs: int, kw: Mapping[str, Any]) -> None:
         raise signature_error(key, removed=sorted(kw.keys() - accepted))
 
 
-def signature_error(key: str, *, new_required: list[str] = (), removed: list[str] = ()
+def signature_error(key: str, *, new_required: Sequence[str] = (), removed: Sequence[str] = ()
                     ) -> SignatureDriftError:
     s = BY_KEY[key]
     found = lookup(key)

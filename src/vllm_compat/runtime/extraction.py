@@ -21,7 +21,7 @@ import torch
 import vllm
 from packaging.version import Version
 
-from ..adapters._resolve import check_call, sym
+from ..adapters._resolve import check_call, get, sym
 
 from ..detect import detect
 from ..extract import fp8
