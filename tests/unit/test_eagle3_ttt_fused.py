@@ -12,7 +12,7 @@ from vllm_compat.eagle3 import model as M
 
 
 def _explicit_attention(self, x, positions, cache):
-    """The explicit form (before 2026-11-29, 4th session): fp32 scores against step 0's keys,
+    """The explicit form (before 2026-11-29): fp32 scores against step 0's keys,
     causal, plus one diagonal score per earlier TTT step, softmax over their concatenation."""
     b, t, _ = x.shape
     q = self.q_proj(x).view(b, t, self.nh, self.d).transpose(1, 2)

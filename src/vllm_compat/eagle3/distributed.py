@@ -2,7 +2,7 @@
 GPUs each, TP within the replica), each writing whole work units (:mod:`.units`).
 
     from vllm_compat.eagle3.distributed import extract_distributed
-    extract_distributed("/ckpt", "/data/prep", "/shared/ds", replicas=16,
+    extract_distributed("/ckpt", "/data/prep", "/mnt/team/ds", replicas=16,
                         tensor_parallel_size=8, samples_per_unit=1024)
 
 The driver splits the records into units (deterministically, :func:`.units.write_plan`),
