@@ -98,6 +98,10 @@ def test_run_time_variables_stay_until_the_last_engine_holding_them_is_closed(mo
     assert X._run_env_holds == {}
 
 
+def _raised_in_vllm(info: pytest.ExceptionInfo) -> bool:
+    return any("vllm" in Path(str(f.path)).parts for f in info.traceback)  # vLLM's package, not ours
+
+
 def test_an_extractor_whose_build_fails_leaves_the_environment_as_it_was(model_dir, monkeypatch):
     from vllm_compat.extract import HiddenStatesExtractor
 
@@ -107,5 +111,29 @@ def test_an_extractor_whose_build_fails_leaves_the_environment_as_it_was(model_d
     before = {k: os.environ.get(k) for k in ENGINE_VARS}
     with pytest.raises(Exception) as info:  # no GPU here: vLLM's own engine build raises
         HiddenStatesExtractor(model_dir, layer_ids=[1, 2], enforce_eager=False)
-    assert "vllm" in "".join(str(f.path) for f in info.traceback)  # raised inside vLLM's build
+    assert _raised_in_vllm(info)
     assert {k: os.environ.get(k) for k in ENGINE_VARS} == before
+
+
+def test_a_failure_before_vllm_is_called_leaves_the_environment_as_it_was(model_dir, monkeypatch):
+    """Between setting the first variable and calling vLLM (here: making vLLM read its
+    environment again fails), nothing may stay set either."""
+    from vllm_compat.extract import HiddenStatesExtractor
+    from vllm_compat.runtime import extraction as X
+
+    for name in ENGINE_VARS:
+        monkeypatch.delenv(name, raising=False)
+    before = {k: os.environ.get(k) for k in ENGINE_VARS}
+    calls = []
+
+    def reset_fails_once() -> None:
+        calls.append(dict(os.environ))
+        if len(calls) == 1:
+            raise RuntimeError("the environment cache could not be reset")
+
+    monkeypatch.setattr(X, "reset_envs_cache", reset_fails_once)
+    with pytest.raises(RuntimeError, match="environment cache"):
+        HiddenStatesExtractor(model_dir, layer_ids=[1, 2], enforce_eager=False)
+    assert calls[0][SWITCH] == "0"  # it failed with the build's variables set
+    assert {k: os.environ.get(k) for k in ENGINE_VARS} == before
+    assert X._run_env_holds == {}

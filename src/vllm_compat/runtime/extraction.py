@@ -280,9 +280,9 @@ class ExtractionEngine:
             aux_ids_for_workers=self.plan.native_ids if self._aux_in_worker_processes else (),
             tap_for_workers=self._aux_in_worker_processes and self.plan.tap_final)
         old_build = set_env(**build)
-        _hold_run_env(run)
-        reset_envs_cache()
-        try:
+        try:  # everything after the first variable is set, or a failure leaves them set
+            _hold_run_env(run)
+            reset_envs_cache()
             with capture_worker.aux_configured(
                     self.plan.native_ids if self.plan.mode == "aux" else None,
                     tap_final=self.plan.tap_final):
