@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from vllm_compat import drift, versions
 
@@ -233,6 +234,11 @@ def newest_era(info):
 
 
 def test_strict_drift_accepts_an_untested_build_whose_drift_breaks_nothing(runs, info, newest_era):
+    # a 0.34 build is compared with the newest snapshot; only the newest release itself,
+    # relabelled, has no drift beyond the 3 moves made here
+    newest = max(drift.tested_snapshots(), key=Version)
+    if info.base_version != newest:
+        pytest.skip(f"the simulated build is vLLM {newest} relabelled: checked on {newest}")
     r = runs["strict-drift-moved"]
     assert "error" not in r, r["error"]
     summary = f"drift check against {info.base_version}: 3 changes, none affects a capability"

@@ -37,6 +37,7 @@ BUILD_TIME = {
     "v1/engine/llm_engine.py:LLMEngine.from_engine_args",
     "engine/arg_utils.py:EngineArgs.create_model_config",        # 0.16+: a warning
     "config/__init__.py:ModelConfig.__post_init__",              # 0.10.x
+    "config/model.py:ModelConfig.__post_init__",                 # 0.11.x: a seed warning
     "config/parallel.py:ParallelConfig.__post_init__",           # sets it for external_launcher
     "executor/uniproc_executor.py:ExecutorWithExternalLauncher._init_executor",     # 0.10.x
     "v1/executor/uniproc_executor.py:ExecutorWithExternalLauncher._init_executor",

@@ -22,7 +22,6 @@ import vllm
 from packaging.version import Version
 
 from ..adapters._resolve import check_call, get, sym
-
 from ..detect import detect
 from ..extract import fp8
 from ..extract.staging import StagedCopy
@@ -280,7 +279,7 @@ class ExtractionEngine:
             aux_ids_for_workers=self.plan.native_ids if self._aux_in_worker_processes else (),
             tap_for_workers=self._aux_in_worker_processes and self.plan.tap_final)
         old_build = set_env(**build)
-        try:  # everything after the first variable is set, or a failure leaves them set
+        try:  # from the first variable set on, a failure must put them all back
             _hold_run_env(run)
             reset_envs_cache()
             with capture_worker.aux_configured(
