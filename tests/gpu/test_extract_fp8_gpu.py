@@ -17,6 +17,18 @@ from .test_extract_gpu import _cat, ckpts, run  # noqa: F401 - ckpts is a fixtur
 pytestmark = pytest.mark.gpu
 
 
+def test_fp8_encoding_gives_the_same_bytes_on_the_gpu_and_the_cpu():
+    """The same states, encoded on each device: equal scales and bytes, every row."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(4096, 4, 2048, generator=g) * torch.rand(4096, 4, 1, generator=g) * 3).bfloat16()
+    q_cpu, s_cpu = fp8.encode(x)
+    q_gpu, s_gpu = fp8.encode(x.cuda())
+    same_scale = float((s_gpu.cpu() == s_cpu).float().mean())
+    same_bytes = float((q_gpu.cpu().view(torch.uint8) == q_cpu.view(torch.uint8)).float().mean())
+    M.record("fp8_encode_gpu_vs_cpu", same_scale=same_scale, same_bytes=same_bytes)
+    assert (same_scale, same_bytes) == (1.0, 1.0)
+
+
 @pytest.mark.parametrize("copy", ["overlap", "blocking"])
 def test_fp8_states_encoded_on_the_gpu_equal_cpu_encoding(ckpts, copy):  # noqa: F811
     ref = run(ckpts, "llama", "chunked-overlap", max_num_batched_tokens=48)

@@ -13,8 +13,8 @@ costs 4 bytes per token and layer (0.2 % at hidden 2048).
 Error of one value (e4m3 has 3 mantissa bits): relative ``<= 2**-4`` where
 ``|x| >= 2**-6 * scale`` (FP8's normal range), absolute ``<= 2**-10 * scale`` below it
 (subnormals), plus the input's own rounding. The same input gives the same bytes on the CPU
-and the GPU (float32 division and the round-to-nearest-even cast are exact operations in
-both). A non-finite input row decodes to NaN, which dataset readers reject.
+and the GPU: both divide correctly rounded in float32 and cast round-to-nearest-even. A
+non-finite input row decodes to NaN, which dataset readers reject.
 
 Datasets written earlier with one scale per sample and layer (``scale`` ``[n]``) decode
 through :func:`decode` too (the scale is broadcast over the tokens).
@@ -50,8 +50,11 @@ def encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             q[i:i + step], scale[i:i + step] = encode(x[i:i + step])
         return q, scale
     # |x| and its max in the input dtype (exact for bf16), then float32: the division
-    # promotes, so no float32 copy of x is made before it
-    scale = (x.abs().amax(dim=-1).float() / FP8_MAX).clamp_min(_TINY)
+    # promotes, so no float32 copy of x is made before it. The divisor is a tensor: CUDA
+    # divides by a Python scalar as a multiplication by its reciprocal, which rounds
+    # differently from the CPU's division in about half the rows
+    amax = x.abs().amax(dim=-1).float()
+    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp_min(_TINY)
     q = (x / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
 
