@@ -43,6 +43,9 @@ MIB = 1 << 20
 # and libraries loaded on first use by a later cycle. A kept engine holds its KV cache alone
 # (KV_BYTES, 1 GiB) on top of its weights and activations.
 MARGIN = 256 * MIB
+# What one cycle may leave for good (allocator rounding). Before close freed them, a cuBLAS
+# workspace per compiled engine's stream stayed allocated: 32 MiB a cycle on an H200
+PER_CYCLE = 8 * MIB
 KV_BYTES = int(os.environ.get("VLLM_COMPAT_GPU_TEST_KV_BYTES") or (1 << 30))
 IDS = (1, 2, 4)  # aux ids of the 4-layer Llama and its final state
 TOL_SAME = 0.02  # two vLLM runs on the same weights and batch (M.compare "rel")
@@ -62,19 +65,30 @@ def held_bytes() -> int:
     return torch.cuda.memory_reserved()
 
 
-def children() -> set[int]:
+def children() -> dict[int, str]:
+    """This process's descendants: pid -> command line. Python's multiprocessing resource
+    tracker is left out: the first spawned process (an engine core) starts it, and it lives
+    as long as this process, by design."""
     import psutil
 
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:  # exited meanwhile
+            continue
+        if "multiprocessing.resource_tracker" not in cmd:
+            out[p.pid] = cmd
+    return out
 
 
-def gone(pids: set[int], timeout: float = 30.0) -> bool:
-    """Whether the processes ``pids`` (an engine core and its workers) have exited; other
-    children of the test process (compile workers of an earlier engine) do not count."""
+def outlived(pids: dict[int, str], timeout: float = 30.0) -> dict[int, str]:
+    """Which of the processes ``pids`` (an engine core and its workers) are still running;
+    other children of the test process (compile workers of an earlier engine) do not count."""
     deadline = time.monotonic() + timeout
-    while pids & children() and time.monotonic() < deadline:
+    while pids.keys() & children().keys() and time.monotonic() < deadline:
         time.sleep(0.2)
-    return not pids & children()
+    return {pid: cmd for pid, cmd in pids.items() if pid in children()}
 
 
 def engine_env() -> dict[str, str | None]:
@@ -102,23 +116,38 @@ def same_states(got: list, ref: list) -> float:
     return worst
 
 
-def assert_memory_back(after: list[int], label: str) -> None:
+def loss_per_cycle(after: list[int]) -> float:
+    """MiB that each cycle after the first added to what the process holds once closed."""
+    return (after[-1] - after[1]) / (len(after) - 2) / MIB
+
+
+def assert_memory_back(after: list[int], label: str, *, compiled: bool = False) -> None:
     kept = [round((a - after[0]) / MIB, 1) for a in after]
     assert max(kept) <= MARGIN / MIB, (
         f"{label}: memory held after each close grew by {kept} MiB from the first close's "
         f"(allowed {MARGIN // MIB} MiB)")
+    # a steady loss per cycle stays inside MARGIN for a few cycles, not over a long job
+    per_cycle = loss_per_cycle(after)
+    if compiled and per_cycle > PER_CYCLE / MIB:
+        pytest.xfail(f"{label}: each compiled cycle kept {per_cycle:.1f} MiB ({kept} MiB from the "
+                     "first close's): dynamo's code cache keeps the closed engine's CUDA graphs "
+                     "and their memory pool")
+    assert per_cycle <= PER_CYCLE / MIB, (
+        f"{label}: each cycle after the first kept {per_cycle:.1f} MiB more ({kept} MiB from the "
+        f"first close's; allowed {PER_CYCLE // MIB} MiB a cycle)")
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_extractor_reopened_five_times_gives_its_memory_back(llama, compiled):
     env = engine_env()
     start = held_bytes()
-    ref, after, during, worst, closed = None, [], [], 0.0, []
+    ref, after, allocated, during, worst, closed = None, [], [], [], 0.0, []
     for cycle in range(CYCLES):
         samples, held_open, ex = extract(llama, compiled=compiled)
         closed.append(ex)
         during.append(held_open)
         after.append(held_bytes())
+        allocated.append(torch.cuda.memory_allocated())
         assert engine_env() == env, f"cycle {cycle}: the closed extractor left variables set"
         if ref is None:
             ref = samples
@@ -127,11 +156,15 @@ def test_extractor_reopened_five_times_gives_its_memory_back(llama, compiled):
     M.record(f"lifecycle:extractor:{'compiled' if compiled else 'eager'}", cycles=CYCLES,
              held_start_mib=start // MIB, held_open_mib=[d // MIB for d in during],
              held_after_close_mib=[a // MIB for a in after], margin_mib=MARGIN // MIB,
-             worst_rel_vs_first=worst)
+             allocated_after_close_mib=[a // MIB for a in allocated], worst_rel_vs_first=worst)
     # each close gave the engine's memory back (its KV cache alone is more than the margin)...
     assert all(d - a > KV_BYTES // 2 for a, d in zip(after, during)), (during, after)
     # ...and the closed extractors, all still referenced, hold none of it
-    assert_memory_back(after, "extractor")
+    # no tensor of a closed engine stays allocated, compiled or not
+    assert loss_per_cycle(allocated) <= PER_CYCLE / MIB, (
+        f"each cycle left {loss_per_cycle(allocated):.1f} MiB allocated: "
+        f"{[a // MIB for a in allocated]} MiB after each close")
+    assert_memory_back(after, "extractor", compiled=compiled)
 
 
 def test_extractor_and_evaluation_engines_alternate(llama):
@@ -152,14 +185,16 @@ def test_extractor_and_evaluation_engines_alternate(llama):
         llm = serve.open_llm(llama, enforce_eager=True, gpu_memory_utilization=0.05, max_model_len=M.MAX_LEN,
                              skip_tokenizer_init=True, max_num_seqs=8, kv_cache_memory_bytes=KV_BYTES,
                              log_stats=False)
-        engine = children() - before
+        engine = {pid: cmd for pid, cmd in children().items() if pid not in before}
         try:
             in_process.append(serve.engine_in_process(llm))
             outs = serve.generate(llm, prompts, max_tokens=16)
         finally:
             serve.close_llm(llm)
             del llm
-        assert engine and gone(engine), f"cycle {cycle}: the evaluation engine's processes outlived its close"
+        assert engine, f"cycle {cycle}: the evaluation engine started no process of its own"
+        left = outlived(engine)
+        assert not left, f"cycle {cycle}: the evaluation engine's processes outlived its close: {left}"
         after.append(held_bytes())
         if ref_states is None:
             ref_states, ref_outs = states, outs
@@ -177,6 +212,7 @@ def test_evaluate_with_a_failing_configuration_fails_and_keeps_the_others(llama,
     import shutil
 
     from examples.eagle3_e2e.tokenizer_train import train_bpe
+
     from vllm_compat.eagle3 import cli
 
     target = str(tmp_path / "target")

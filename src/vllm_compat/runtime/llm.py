@@ -46,9 +46,9 @@ def open_llm(
     """An ``LLM`` on ``model`` (a local directory); ``speculative_config`` as vLLM takes it, e.g.
     ``{"method": "eagle3", "model": draft_dir, "num_speculative_tokens": 3}`` or
     ``{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}``."""
-    args: dict[str, Any] = dict(model=model, enforce_eager=enforce_eager,
-                                gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                                disable_log_stats=not log_stats)
+    args: dict[str, Any] = {"model": model, "enforce_eager": enforce_eager,
+                            "gpu_memory_utilization": gpu_memory_utilization, "seed": seed,
+                            "disable_log_stats": not log_stats}
     if max_model_len is not None:
         args["max_model_len"] = max_model_len
     if speculative_config is not None:
@@ -181,6 +181,11 @@ def free_gpu_memory() -> None:
     with contextlib.suppress(Exception):
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()
+            # PyTorch keeps a cuBLAS workspace (32 MiB on Hopper) per stream that ran a matmul,
+            # for the life of the process: each compiled engine captures on streams of its own
+            clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear_workspaces is not None:
+                clear_workspaces()
             torch.cuda.empty_cache()
 
 
