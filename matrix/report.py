@@ -19,15 +19,23 @@ from vllm_compat.versions import route  # noqa: E402  (pure Python, no vLLM)
 START, END = "<!-- support-table:start -->", "<!-- support-table:end -->"
 
 
-def table() -> str:
-    releases = tomllib.loads((ROOT / "matrix" / "releases.toml").read_text())["releases"]
-    rows = ["| vLLM | adapter | conformance | passed | skipped | failed | seconds | run at (UTC) |",
-            "|---|---|---|---|---|---|---|---|"]
+def drift_cell(record: dict) -> str:
+    """What the run's drift check found against the stored snapshots, without the release."""
+    summary = (record.get("drift") or {}).get("summary")
+    if summary:
+        return summary.split(": ", 1)[-1]
+    return "check failed" if "doctor_error" in record else "not recorded"  # older runs had none
+
+
+def table(root: Path = ROOT) -> str:
+    releases = tomllib.loads((root / "matrix" / "releases.toml").read_text())["releases"]
+    rows = ["| vLLM | adapter | conformance | passed | skipped | failed | drift check | seconds | run at (UTC) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for rel in releases:
-        path = ROOT / "matrix" / "results" / f"{rel}.json"
+        path = root / "matrix" / "results" / f"{rel}.json"
         era = route(rel, env={}).era.name
         if not path.exists():
-            rows.append(f"| {rel} | {era} | not run | | | | | |")
+            rows.append(f"| {rel} | {era} | not run | | | | | | |")
             continue
         r = json.loads(path.read_text())
         era = r.get("adapter", era)  # what the run's drift check saw (records since the drift check)
@@ -36,7 +44,7 @@ def table() -> str:
         passed = total - bad - r.get("skipped", 0)
         status = "pass" if r["passed"] else "**FAIL**"
         rows.append(f"| {rel} | {era} | {status} | {passed} | {r.get('skipped', 0)} | {bad} | "
-                    f"{r['seconds']:.0f} | {r['finished']} |")
+                    f"{drift_cell(r)} | {r['seconds']:.0f} | {r['finished']} |")
     return "\n".join(rows)
 
 
