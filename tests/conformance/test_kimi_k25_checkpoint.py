@@ -194,11 +194,8 @@ def test_a_chat_with_an_image_renders_one_media_placeholder(model_config):
 
     try:
         from vllm.entrypoints.chat_utils import parse_chat_messages
-    except ImportError:  # 0.32 moved chat_utils under renderers, 0.33 split it into a package
-        try:
-            from vllm.renderers.chat_utils.chat_message import parse_chat_messages
-        except ImportError:
-            from vllm.renderers.chat_utils import parse_chat_messages
+    except ImportError:  # 0.32 moved chat_utils under renderers (0.33 made it a package, same export)
+        from vllm.renderers.chat_utils import parse_chat_messages
     tok = cached_tokenizer_from_config(model_config)
     fmt = _detect_content_format(tok.chat_template, default="string")
     assert fmt == "openai"  # the template walks the content parts
