@@ -1,11 +1,24 @@
-"""Run tests/gpu against the vLLM installed here and write one JSON report.
+"""Run tests/gpu against the vLLM installed here, several test processes side by side on the
+GPU, and write one JSON report.
 
-    python tools/run_gpu_tests.py --out gpu-report.json [-- pytest args, test files]
+    python tools/run_gpu_tests.py --out gpu-report.json            # the whole suite
+    python tools/run_gpu_tests.py --out gpu-report.json --detach   # the same, in the background
+    python tools/run_gpu_tests.py --out gpu-report.json --status   # how far it got
+    python tools/run_gpu_tests.py --out gpu-report.json -- tests/gpu/test_kimi_k25_gpu.py -k eager
 
-What ``nox -s gpu`` runs after it has installed vLLM; on a GPU host that cannot reach
-PyPI, install vLLM by other means and run this directly. The report holds the versions
-(vLLM, torch, CUDA, GPU), the pytest outcome of every test, and the per-test records the
-tests write (states compared, tolerances, timings: ``VLLM_COMPAT_GPU_RESULTS``).
+What ``nox -s gpu`` runs after it has installed vLLM; on a GPU host that cannot reach PyPI,
+install vLLM by other means and run this directly.
+
+The suite is cut into units (a test file, or each test of a file that declares
+``GPU_TEST_UNIT = "function"``: its tests share no engine) and ``--jobs`` pytest processes
+take them longest first, each engine with a fixed KV cache (``VLLM_COMPAT_GPU_TEST_KV_BYTES``,
+2 GiB unless set) so that they fit side by side. Each test's outcome and duration is
+appended to the results file (``gpu-results.jsonl`` beside ``--out``) as it finishes, with
+the code it ran (the git commit, or a hash of the sources without git). A second run of the
+same code skips the tests already there (``--fresh`` runs everything, ``--retry-failed`` the
+failures again); durations of earlier runs order the units. The report holds the versions
+(vLLM, torch, CUDA, GPU), each test's outcome, the wall-clock time against the sum of the
+tests' own, and the records the tests write (``VLLM_COMPAT_GPU_RESULTS``).
 """
 
 from __future__ import annotations
@@ -13,68 +26,236 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+GPU_TESTS = ROOT / "tests" / "gpu"
+KV_BYTES = str(2 << 30)
+PER_JOB_GIB = 14.0  # one test process: its engines' weights, a 2 GiB KV cache, activations
+DEFAULT_TEST_S = 60.0  # a test never timed before
+FINISHED = {"passed", "skipped", "xfailed", "xpassed"}
+
+
+# --------------------------------------------------------------------------- what ran
+
+
+def code_id() -> str:
+    """The code the tests run (:func:`vllm_compat.testing.provenance.code_id`)."""
+    from vllm_compat.testing.provenance import code_id as of
+    return of(ROOT)
 
 
 def environment() -> dict[str, object]:
-    code = ("import json, torch, vllm, vllm_compat; d = vllm_compat.detect(); print(json.dumps({"
-            "'vllm': vllm.__version__, 'adapter': d.era, 'torch': torch.__version__,"
-            "'cuda': torch.version.cuda, 'gpus': [torch.cuda.get_device_name(i) for i in "
-            "range(torch.cuda.device_count())]}))")
+    code = ("import json, vllm_compat; from vllm_compat.testing.provenance import versions; "
+            "print(json.dumps(dict(versions(), adapter=vllm_compat.detect().era)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1:] or ["environment probe failed"]}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def outcomes(junit: Path) -> list[dict[str, object]]:
-    if not junit.exists():
+def read_results(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
         return []
     rows = []
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        outcome, detail = "passed", None
-        for tag in ("failure", "error", "skipped"):
-            el = case.find(tag)
-            if el is not None:
-                outcome, detail = {"failure": "failed"}.get(tag, tag), el.get("message")
-        rows.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
-                     "seconds": float(case.get("time") or 0), "detail": detail})
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a killed run
+            continue
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def latest_by_test(rows: list[dict[str, Any]], code: str) -> dict[str, dict[str, Any]]:
+    return {r["test"]: r for r in rows if r.get("code") == code}
+
+
+def durations(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each test's most recent duration, whatever code it ran."""
+    return {r["test"]: float(r.get("seconds") or 0.0) for r in rows}
+
+
+# --------------------------------------------------------------------------- units
+
+
+def collect(pytest_args: list[str], env: dict[str, str]) -> list[tuple[str, str]]:
+    """``(node id, unit)`` of every selected test, as tests/gpu/conftest.py names them."""
+    fd, out = tempfile.mkstemp(suffix=".jsonl", prefix="gpu-units-")
+    os.close(fd)
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+                            "-p", "no:cacheprovider", *pytest_args], cwd=ROOT,
+                           env=dict(env, VLLM_COMPAT_GPU_UNITS_OUT=out),
+                           capture_output=True, text=True)
+        if r.returncode not in (0, 5):  # 5: nothing selected
+            sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
+            raise SystemExit(f"collecting tests/gpu failed (pytest exit {r.returncode})")
+        rows = [json.loads(x) for x in Path(out).read_text().splitlines() if x.strip()]
+    finally:
+        os.unlink(out)
+    return [(r["nodeid"], r["unit"]) for r in rows]
+
+
+def plan_units(tests: list[tuple[str, str]], done: set[str],
+               seconds: dict[str, float]) -> list[tuple[str, list[str], float]]:
+    """Units still to run, longest (by earlier durations) first: ``(unit, node ids, s)``."""
+    units: dict[str, list[str]] = defaultdict(list)
+    for nodeid, unit in tests:
+        if nodeid not in done:
+            units[unit].append(nodeid)
+    planned = [(u, ids, sum(seconds.get(i, DEFAULT_TEST_S) for i in ids))
+               for u, ids in units.items()]
+    return sorted(planned, key=lambda x: -x[2])
+
+
+def free_gpu_gib() -> float | None:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    r = subprocess.run([smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True)
+    try:
+        return float(r.stdout.split()[0]) / 1024
+    except (IndexError, ValueError):
+        return None
+
+
+def auto_jobs(n_units: int, per_job_gib: float) -> int:
+    free = free_gpu_gib()
+    by_memory = int(free // per_job_gib) if free else 1
+    by_cpu = max(1, (os.cpu_count() or 2) // 2)
+    return max(1, min(n_units, by_memory, by_cpu))
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run_unit(unit: str, ids: list[str], tmp: Path, env: dict[str, str], n: int,
+             extra: list[str]) -> dict[str, Any]:
+    t0 = time.monotonic()
+    log = tmp / f"unit-{n}.log"
+    with log.open("w") as f:
+        rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
+                             "-q", *extra, *ids], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                            env=dict(env, VLLM_COMPAT_GPU_RESULTS=str(tmp / f"records-{n}.jsonl"))
+                            ).returncode
+    tail = log.read_text(errors="replace").splitlines()[-3:]
+    print(f"[{time.strftime('%H:%M:%S')}] {unit}: {len(ids)} test(s), pytest exit {rc}, "
+          f"{time.monotonic() - t0:.0f} s  {' | '.join(tail)[-200:]}", flush=True)
+    return {"unit": unit, "tests": len(ids), "pytest_exit_code": rc,
+            "seconds": round(time.monotonic() - t0, 1)}
+
+
+def report(out: Path, results: Path, code: str, wall: float, jobs: int,
+           units: list[dict[str, Any]], records: list[dict[str, Any]],
+           selected: list[str]) -> dict[str, Any]:
+    rows = latest_by_test(read_results(results), code)
+    tests = [rows[t] for t in selected if t in rows]
+    counts: dict[str, int] = defaultdict(int)
+    for r in tests:
+        counts[r["outcome"]] += 1
+    rep = {"finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code": code,
+           "wall_s": round(wall, 1), "jobs": jobs,
+           "sum_test_s": round(sum(float(r.get("seconds") or 0) for r in tests), 1),
+           "environment": environment(), "counts": dict(counts),
+           "not_run": [t for t in selected if t not in rows], "units": units, "tests": tests,
+           "records": records}
+    out.write_text(json.dumps(rep, indent=1) + "\n")
+    return rep
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the JSON report to write")
-    ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
-    a = ap.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="vllm-compat-gpu-"))
-    junit, records = tmp / "junit.xml", tmp / "records.jsonl"
-    env = dict(os.environ, VLLM_COMPAT_GPU_RESULTS=str(records))
+    ap.add_argument("--results", help="per-test results, one JSON line each "
+                                      "(default: gpu-results.jsonl beside --out)")
+    ap.add_argument("--jobs", type=int, default=0,
+                    help="test processes side by side (default: what GPU memory and CPUs allow)")
+    ap.add_argument("--per-job-gib", type=float, default=PER_JOB_GIB)
+    ap.add_argument("--fresh", action="store_true", help="run tests that already finished too")
+    ap.add_argument("--retry-failed", action="store_true", help="run failed tests again")
+    ap.add_argument("--detach", action="store_true", help="run in the background; log beside --out")
+    ap.add_argument("--status", action="store_true", help="print what the results file holds")
+    ap.add_argument("pytest_args", nargs="*", help="test files or pytest arguments (after --)")
+    return ap.parse_args(argv)
+
+
+def status(results: Path, code: str) -> int:
+    rows = latest_by_test(read_results(results), code)
+    counts: dict[str, int] = defaultdict(int)
+    for r in rows.values():
+        counts[r["outcome"]] += 1
+    print(f"{results}: code {code}: {dict(counts)} ({len(rows)} tests, "
+          f"{sum(float(r.get('seconds') or 0) for r in rows.values()):.0f} s of tests)")
+    for r in rows.values():
+        if r["outcome"] not in FINISHED:
+            print(f"  {r['outcome']}: {r['test']}  {r.get('detail') or ''}"[:300])
+    return 0
+
+
+def detach(argv: list[str], out: Path) -> int:
+    log = out.with_suffix(".log")
+    args = [a for a in argv if a != "--detach"]
+    with log.open("ab") as f:
+        p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args], cwd=ROOT,
+                             stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+    print(f"running in the background (pid {p.pid}); log {log}; "
+          f"progress: {Path(sys.argv[0]).name} --out {out} --status")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(raw)
+    out = Path(a.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results = Path(a.results).resolve() if a.results else out.parent / "gpu-results.jsonl"
+    code = code_id()
+    if a.status:
+        return status(results, code)
+    if a.detach:
+        return detach(raw, out)
+    env = dict(os.environ, VLLM_COMPAT_GPU_OUTCOMES=str(results), VLLM_COMPAT_CODE=code)
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # greedy tests never reach it; no JIT
-    t0 = time.monotonic()
+    env.setdefault("VLLM_COMPAT_GPU_TEST_KV_BYTES", KV_BYTES)
     # test files or folders among the arguments replace the default, the whole tests/gpu
-    paths = [x for x in a.pytest_args if not x.startswith("-") and (ROOT / x.split("::")[0]).exists()]
-    targets = [] if paths else [str(ROOT / "tests" / "gpu")]
-    rc = subprocess.run([sys.executable, "-m", "pytest", *targets, "-m", "gpu",
-                         "-p", "no:cacheprovider", f"--junitxml={junit}", *a.pytest_args],
-                        cwd=ROOT, env=env).returncode
-    rows = outcomes(junit)
-    counts = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failed", "error", "skipped")}
-    report = {"finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "seconds": round(time.monotonic() - t0, 1), "pytest_exit_code": rc,
-              "environment": environment(), "counts": counts, "tests": rows,
-              "records": [json.loads(x) for x in records.read_text().splitlines() if x.strip()]
-              if records.exists() else []}
-    Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(f"{counts} -> {a.out}")
-    return rc
+    paths = [x for x in a.pytest_args
+             if not x.startswith("-") and (ROOT / x.split("::")[0]).exists()]
+    extra = [x for x in a.pytest_args if x not in paths]
+    t0 = time.monotonic()
+    tests = collect((paths or [str(GPU_TESTS)]) + extra, env)
+    earlier = read_results(results)
+    done = set()
+    if not a.fresh:
+        done = {t for t, r in latest_by_test(earlier, code).items()
+                if r["outcome"] in FINISHED or not a.retry_failed}
+    todo = plan_units(tests, done, durations(earlier))
+    jobs = a.jobs or auto_jobs(len(todo), a.per_job_gib)
+    print(f"{len(tests)} tests, {len(tests) - sum(len(u[1]) for u in todo)} already finished "
+          f"for {code}; {len(todo)} units on {jobs} job(s); results -> {results}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="vllm-compat-gpu-"))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_unit, u, ids, tmp, env, n, extra)
+                   for n, (u, ids, _) in enumerate(todo)]
+        units = [f.result() for f in futures]
+    records = []
+    for f in sorted(tmp.glob("records-*.jsonl")):
+        records += [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    rep = report(out, results, code, time.monotonic() - t0, jobs, units, records,
+                 [t for t, _ in tests])
+    print(f"{rep['counts']} in {rep['wall_s']} s wall ({rep['sum_test_s']} s of tests, "
+          f"{jobs} jobs); not run: {len(rep['not_run'])} -> {out}")
+    bad = rep["not_run"] or any(r["outcome"] not in FINISHED for r in rep["tests"])
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

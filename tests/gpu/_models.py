@@ -24,9 +24,22 @@ def engine_kwargs() -> dict[str, Any]:
     return {"kv_cache_memory_bytes": int(n)} if n else {}
 
 
-def prompts(seed: int = 0) -> list[list[int]]:
+# Ids tokenizers keep for themselves: pad/bos/eos (0-2 in these checkpoints) and the top of
+# the vocabulary, where added and reserved tokens live (Llama-3 from 128000, Kimi from 163584).
+SPECIAL_IDS = (0, 1, 2, *range(VOCAB - 8, VOCAB))
+
+
+def prompts(seed: int = 0, *, vocab: int = VOCAB,
+            special_ids: tuple[int, ...] = SPECIAL_IDS) -> list[list[int]]:
+    """``LENGTHS`` prompts shaped like chat data: a special id opens each one and recurs every
+    16 tokens, ordinary ids (3 .. ``vocab``) between them."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in LENGTHS]
+    out = []
+    for n in LENGTHS:
+        ordinary = torch.randint(3, vocab, (n,), generator=g)
+        special = torch.tensor(special_ids)[torch.randint(0, len(special_ids), (n,), generator=g)]
+        out.append(torch.where(torch.arange(n) % 16 == 0, special, ordinary).tolist())
+    return out
 
 
 def build(kind: str, path: str) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+import json
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -39,3 +42,67 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid} is in tests/gpu but not marked gpu")
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# --------------------------------------------------------------------------- tools/run_gpu_tests.py
+# VLLM_COMPAT_GPU_UNITS_OUT: at collection, each test's unit: its file, unless the module sets
+# GPU_TEST_UNIT = "function" (its tests share no engine and can run apart) or
+# GPU_TEST_UNIT = "param:NAME" (tests share engines only within one value of parameter NAME).
+# VLLM_COMPAT_GPU_OUTCOMES: each test's outcome and duration, one JSON line as it finishes.
+
+
+def pytest_collection_finish(session):
+    path = os.environ.get("VLLM_COMPAT_GPU_UNITS_OUT")
+    if not path:
+        return
+    with open(path, "a") as f:
+        for item in session.items:
+            f.write(json.dumps({"nodeid": item.nodeid, "unit": _unit(item)}) + "\n")
+
+
+def _unit(item) -> str:
+    rule = getattr(item.module, "GPU_TEST_UNIT", "module")
+    file = item.nodeid.split("::")[0]
+    if rule == "function":
+        return item.nodeid.split("[")[0]
+    if rule.startswith("param:"):
+        name = rule.split(":", 1)[1]
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        return f"{file}[{name}={params[name]}]" if name in params else file
+    return file
+
+
+_PHASES: dict[str, dict] = {}
+
+
+def _outcome(report, row: dict) -> str:
+    if report.failed:
+        return "failed" if report.when == "call" else "error"
+    if hasattr(report, "wasxfail") and report.when == "call":
+        return "xfailed" if report.skipped else "xpassed"
+    if report.skipped:
+        return "skipped"
+    return row["outcome"] if report.when == "teardown" else "passed"
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get("VLLM_COMPAT_GPU_OUTCOMES")
+    if not path:
+        return
+    row = _PHASES.setdefault(report.nodeid, {"outcome": "passed", "seconds": 0.0, "detail": None})
+    row["seconds"] += report.duration
+    if row["outcome"] in ("passed",) or report.failed:
+        row["outcome"] = _outcome(report, row)
+    if (report.failed or report.skipped) and row["detail"] is None:
+        text = report.longreprtext.strip().splitlines()
+        row["detail"] = (text[-1] if text else "")[:500]
+    if report.when != "teardown":
+        return
+    _PHASES.pop(report.nodeid)
+    line = json.dumps({"test": report.nodeid, "outcome": row["outcome"],
+                       "seconds": round(row["seconds"], 2), "detail": row["detail"],
+                       "code": os.environ.get("VLLM_COMPAT_CODE"),
+                       "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # several test processes append to one file
+        f.write(line + "\n")

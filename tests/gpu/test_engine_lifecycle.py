@@ -36,6 +36,7 @@ from vllm_compat.extract import HiddenStatesExtractor
 from . import _models as M
 
 pytestmark = pytest.mark.gpu
+GPU_TEST_UNIT = "function"  # tools/run_gpu_tests.py: each test in its own process
 
 CYCLES = 5
 MIB = 1 << 20

@@ -18,6 +18,8 @@ from vllm_compat.extract import HiddenStatesExtractor, extract_hidden_states
 from . import _models as M
 
 pytestmark = pytest.mark.gpu
+# tools/run_gpu_tests.py: one test process per model kind (runs are shared within a kind)
+GPU_TEST_UNIT = "param:kind"
 
 KINDS = ["llama", "qwen3", "deepseek_v3"]
 # rel = ||vllm - hf|| / ||hf|| over all tokens of a layer (vLLM bf16 vs HF fp32, same weights)

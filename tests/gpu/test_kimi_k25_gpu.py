@@ -46,9 +46,12 @@ def kimi(tmp_path_factory):
 
 
 def prompts() -> list[list[int]]:
-    g = torch.Generator().manual_seed(7)
-    # ordinary token ids: below Kimi's special tokens (163584+)
-    return [torch.randint(3, 163_000, (n,), generator=g).tolist() for n in M.LENGTHS]
+    """Chat-shaped: Kimi's named special tokens and reserved ids (163584-163839, where its chat
+    markers live) every 16 tokens, ordinary ids between them."""
+    from vllm_compat.testing.kimi_k25 import SPECIAL_TOKENS
+
+    special = tuple(sorted(set(SPECIAL_TOKENS.values()) | {163_650, 163_700, 163_837}))
+    return M.prompts(7, vocab=163_584, special_ids=special)
 
 
 _REF: dict[str, torch.Tensor] = {}
