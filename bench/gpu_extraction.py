@@ -32,7 +32,8 @@ One process per model; the modes run one after another, each with its own engine
 Workloads (seeded): ``--num-prompts`` (128) prompts x 1024 random token ids, and
 ``--mixed-prompts`` (128) prompts of lengths uniform in 64..2048. Each is warmed up (first
 ``--warmup-prompts`` prompts, not timed) and timed
-``--repeats`` times; tok/s = prompt tokens / wall seconds; ratios use the best run.
+``--repeats`` times; tok/s = prompt tokens / wall seconds; ratios of the best runs and of
+the medians, each series' spread, and a note on timed runs under 10 s (noise-bound).
 Results: ``<out>/gpu_extraction-<model>.json`` (rewritten after every run, so a killed run
 leaves what it had) and ``<out>/gpu_extraction-<model>.png`` (``python -m
 bench.plot_gpu_extraction`` renders it again from the JSON where matplotlib is missing).
@@ -46,6 +47,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -121,7 +123,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--mixed-max", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup-prompts", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     ap.add_argument("--max-in-flight", type=int, default=128, help="HiddenStatesExtractor window")
@@ -184,6 +186,22 @@ def _ratio(x: float | None, y: float | None) -> float | None:
     return x / y if x and y else None
 
 
+MIN_RUN_S = 10.0  # shorter timed runs are noise-bound (run-to-run swings of 10-20 % seen)
+
+
+def _spread(runs: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """Median tok/s of the runs, the worst, the spread ``(max - min) / median``, and the
+    shortest run in seconds."""
+    ok = [r for r in runs if isinstance(r, dict) and r.get("tok_s")]
+    if not ok:
+        return None
+    vals = sorted(r["tok_s"] for r in ok)
+    med = statistics.median(vals)
+    secs = [r["seconds"] for r in ok if r.get("seconds")]
+    return {"median": med, "worst": vals[0], "spread": round((vals[-1] - vals[0]) / med, 4),
+            "runs": len(vals), "shortest_s": min(secs) if secs else None}
+
+
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
     """Best tok/s per series and workload, the ratios, targets and which limit binds (c)."""
     tok: dict[str, dict[str, float | None]] = {}
@@ -204,8 +222,19 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     ratios = {k: {wl: _ratio(t(x, wl), t(y, wl)) for wl in wls} for k, (x, y) in pairs.items()}
     targets = {f"{k} >= {v}": {wl: (None if ratios[k][wl] is None else ratios[k][wl] >= v)
                                for wl in wls} for k, v in TARGETS.items()}
+    spread = {name: {wl: _spread(_runs(res, name, wl)) for wl in wls} for name in tok}
+
+    def med(name: str, wl: str) -> float | None:
+        return ((spread.get(name) or {}).get(wl) or {}).get("median")
+
+    ratios_median = {k: {wl: _ratio(med(x, wl), med(y, wl)) for wl in wls}
+                     for k, (x, y) in pairs.items()}
+    short = sorted(f"{name}/{wl}" for name, per in spread.items() for wl, v in per.items()
+                   if v and v["shortest_s"] is not None and v["shortest_s"] < MIN_RUN_S)
     ceil = (res.get("ceiling") or {}).get("tok_s")
     return {"tok_s_best": tok, "ratios": ratios, "targets": targets,
+            "tok_s_spread": spread, "ratios_median": ratios_median,
+            f"runs_under_{MIN_RUN_S:.0f}s": short,
             "c_limits": c_limits(res, wls, t),
             "a_over_ceiling": {wl: _ratio(t("a", wl), ceil) for wl in wls}}
 
@@ -958,6 +987,14 @@ def table(res: dict[str, Any]) -> str:
     lines.append("ratios of best runs (" + "/".join(wls) + "): " + "; ".join(
         f"{k} " + "/".join(_fmt(v.get(wl), '.2f') for wl in wls)
         for k, v in (s.get("ratios") or {}).items() if any(x is not None for x in v.values())))
+    lines.append("ratios of medians: " + "; ".join(
+        f"{k} " + "/".join(_fmt(v.get(wl), '.2f') for wl in wls)
+        for k, v in (s.get("ratios_median") or {}).items()
+        if any(x is not None for x in v.values())))
+    short = s.get(f"runs_under_{MIN_RUN_S:.0f}s")
+    if short:
+        lines.append(f"timed runs under {MIN_RUN_S:.0f} s (noise-bound; raise --num-prompts / "
+                     f"--mixed-prompts): {', '.join(short)}")
     for dt, per in (s.get("c_limits") or {}).items():
         for wl, lim in per.items():
             if lim.get("c_tok_s"):

@@ -45,7 +45,7 @@ def tiny_ckpt(tmp_path_factory):
 
 def test_defaults():
     a = ge.parse_args(["--model", "llama-1b"])
-    assert a.modes == ["a", "b", "c", "d", "e"] and a.repeats == 2
+    assert a.modes == ["a", "b", "c", "d", "e"] and a.repeats == 3
     assert (a.num_prompts, a.prompt_len) == (128, 1024)
     assert (a.mixed_prompts, a.mixed_min, a.mixed_max) == (128, 64, 2048)
     assert a.peak_tflops == 790.0 and a.device == "cuda" and not a.enforce_eager
@@ -154,6 +154,20 @@ def test_summary_ratios_and_targets():
     assert s["c_limits"] == {}
 
 
+def test_summary_reports_median_worst_spread_and_short_runs():
+    def runs(v, secs):
+        return {"w": [{"run": i, "tok_s": v * f, "seconds": t}
+                      for i, (f, t) in enumerate(zip((1.0, 0.8, 0.9), secs))]}
+    res = {"modes": {"a": {"series": {"a": runs(100.0, (12, 15, 13))}},
+                     "b": {"series": {"b": runs(95.0, (12, 4, 13))}}}}
+    s = ge.summarize(res)
+    assert s["tok_s_spread"]["a"]["w"] == {"median": 90.0, "worst": 80.0, "spread": 0.2222,
+                                           "runs": 3, "shortest_s": 12}
+    assert s["ratios_median"]["b/a"]["w"] == pytest.approx(0.95)
+    assert s["ratios"]["b/a"]["w"] == pytest.approx(0.95)  # best runs
+    assert s["runs_under_10s"] == ["b/w"]
+
+
 def test_to_disk_is_held_against_min_of_in_memory_and_the_disk_per_dtype():
     """bf16: the disk binds; FP8: in-memory extraction (b) binds, the disk being faster for
     half the bytes. Best runs, and run by run against the plain write that ran beside it."""
@@ -253,7 +267,7 @@ def test_cpu_run_of_mode_d_writes_the_json_and_the_chart(tiny_ckpt, tmp_path, ca
     assert d["status"] == "ok" and d["startup_s"] >= 0
     for wl, spec in res["workloads"].items():
         runs = d["series"]["d"][wl]
-        assert [r["run"] for r in runs] == [0, 1]
+        assert [r["run"] for r in runs] == [0, 1, 2]
         for r in runs:
             assert r["tokens"] == spec["tokens"]
             assert r["tok_s"] == pytest.approx(r["tokens"] / r["seconds"], rel=1e-2)
