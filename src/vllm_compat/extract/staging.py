@@ -105,29 +105,36 @@ class HostStaging:
     idle for the whole copy of every step (hundreds of MB at 16k-token steps). In-process (TP=1) workers only: its results are views of one host tensor."""
 
     def __init__(self) -> None:
-        self._free: list[torch.Tensor] = []
+        self._free: list[torch.Tensor] = []  # pinned uint8 buffers, viewed as each step's dtype
         self._stream: Any = None
+        self.allocations = 0  # pinned buffers made so far (each costs a cudaHostAlloc)
 
-    def _buffer(self, n: int, dtype: torch.dtype, capacity: int) -> torch.Tensor:
+    def _buffer(self, nbytes: int, capacity: int) -> torch.Tensor:
+        """A free buffer of at least ``nbytes``, whatever dtype it last held: switching between
+        bf16 and FP8 states (``states_dtype`` between calls) reuses the same pinned memory
+        instead of freeing it (cudaFreeHost synchronizes the device) and pinning anew."""
         for i, b in enumerate(self._free):
-            if b.numel() >= n and b.dtype == dtype:
+            if b.numel() >= nbytes:
                 return self._free.pop(i)
-        self._free = [b for b in self._free if b.dtype == dtype]  # drop unusable ones first
         if self._free:  # all too small: replace the smallest rather than pin one more
             self._free.remove(min(self._free, key=torch.Tensor.numel))
-        return torch.empty(max(n, capacity), dtype=dtype, pin_memory=True)
+        self.allocations += 1
+        return self._pinned(max(nbytes, capacity))
+
+    def _pinned(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
     def start(self, stacked: Parts, lay: BatchLayout, capacity_tokens: int) -> StagedCopy:
         packing = None
         if isinstance(stacked, tuple):  # FP8 states and scales: one packed buffer
             tokens = stacked[0].shape[0]
             stacked, packing = pack(stacked)
-            per_token = -(-stacked.numel() // max(1, tokens))
         else:
-            per_token = stacked.numel() // max(1, stacked.shape[0])
-        n = stacked.numel()
-        buf = self._buffer(n, stacked.dtype, capacity_tokens * per_token)
-        host = buf[:n].view(stacked.shape)
+            tokens = stacked.shape[0]
+        nbytes = stacked.numel() * stacked.element_size()
+        per_token = -(-nbytes // max(1, tokens))
+        buf = self._buffer(nbytes, capacity_tokens * per_token)
+        host = buf[:nbytes].view(stacked.dtype).view(stacked.shape)
         dev = stacked.device
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=dev)
