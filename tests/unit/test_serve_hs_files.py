@@ -74,17 +74,27 @@ def test_quantize_is_the_same_on_any_shape():
     assert torch.equal(s.flatten(), s2.flatten())
 
 
-def test_the_lock_is_held_from_reservation_until_the_file_is_complete(tmp_path):
+def test_the_lock_is_held_from_reservation_until_the_file_is_complete(tmp_path, monkeypatch):
+    import vllm_compat.serve.hs_files as hf
+
+    real = hf.save_hidden_states
+    writing, finish = threading.Event(), threading.Event()
+
+    def slow_save(*a, **kw):  # the write is in progress until the test lets it end
+        writing.set()
+        assert finish.wait(30)
+        real(*a, **kw)
+
+    monkeypatch.setattr(hf, "save_hidden_states", slow_save)
     files = HiddenStatesFiles(tmp_path, num_threads=1)
     res = files.reserve("req-1")
     lock = res.path + ".lock"
-    assert os.path.exists(lock) and lock_is_held(lock)
-    gate = threading.Event()
+    assert os.path.exists(lock) and lock_is_held(lock)  # before the path is handed out
     done = threading.Event()
-    files._pool.submit(gate.wait)  # the one writer thread is busy until the gate opens
     files.write(res, [1, 2, 3, 4, 5], states(), on_done=lambda ok: done.set())
-    assert lock_is_held(lock) and not os.path.exists(res.path)
-    gate.set()
+    assert writing.wait(30)
+    assert lock_is_held(lock)  # held while the file is written
+    finish.set()
     assert done.wait(30)
     assert not lock_is_held(lock)  # released once written; the reader removes it
     assert load_file(res.path)["token_ids"].tolist() == [1, 2, 3, 4, 5]
