@@ -29,7 +29,7 @@ __all__ = ["TransformersEngine", "checkpoint_dtype"]
 def checkpoint_dtype(config: dict[str, Any]) -> torch.dtype:
     """The dtype vLLM's ``dtype="auto"`` serves a checkpoint in on a GPU: float16 for float16
     checkpoints, bfloat16 otherwise (float32 ones are downcast, unset means bf16)."""
-    tc = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    tc: dict[str, Any] = config["text_config"] if isinstance(config.get("text_config"), dict) else {}
     name = config.get("torch_dtype") or config.get("dtype") or tc.get("torch_dtype") or tc.get("dtype")
     return torch.float16 if str(name).removeprefix("torch.") == "float16" else torch.bfloat16
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 __all__ = ["BatchLayout", "OrderedAssembler", "StreamAssembler", "check_prompt", "split_batch"]
 
 
-def check_prompt(index: int, token_ids: Any, max_len: int | None = None,
+def check_prompt(index: int | str, token_ids: Any, max_len: int | None = None,
                  vocab_size: int | None = None) -> list[int]:
     """A prompt as a list of ints; ValueError naming the prompt and the bad value."""
     if hasattr(token_ids, "tolist"):

@@ -222,8 +222,10 @@ class EngineThread:
         res = self.files.reserve(job.key)  # the lock is held before the path leaves
         job.reservation = res
         self.loop.call_soon_threadsafe(self._resolve, job, res)
-        self.files.write(res, sample.token_ids, sample.hidden_states,
-                         on_done=lambda ok: self.loop.call_soon_threadsafe(self._on_done, job))
+        def written(ok: bool) -> None:  # in the writer thread
+            self.loop.call_soon_threadsafe(self._on_done, job)
+
+        self.files.write(res, sample.token_ids, sample.hidden_states, on_done=written)
 
     def _resolve(self, job: Job, res: Reservation) -> None:
         if job.future.done() or job.cancelled:  # the client left meanwhile
