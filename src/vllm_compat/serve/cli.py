@@ -27,7 +27,8 @@ __all__ = ["add_parser", "build_service", "layer_ids_like_launch_vllm", "main", 
 
 # launch_vllm.py's backends (hs-connectors 0.9 registry): mooncake needs a Mooncake store
 BACKENDS = {"file": "model", "fp8": "fp8"}
-EXTRACTOR_BACKENDS = ("auto", "aux", "hooks", "native", "transformers")
+# the extractor's backends that take prompts while running ("native" runs LLM.generate)
+EXTRACTOR_BACKENDS = ("auto", "aux", "hooks", "transformers")
 
 
 def layer_ids_like_launch_vllm(num_layers: int, target_layer_ids: Sequence[int] | None,
@@ -123,7 +124,11 @@ def _local_model(model: str) -> str:
         return model
     from huggingface_hub import snapshot_download  # comes with transformers
 
-    return snapshot_download(model)
+    try:
+        return snapshot_download(model)
+    except Exception as exc:  # offline, a typo, a gated repository
+        raise FileNotFoundError(f"{model} is not a local directory and could not be fetched "
+                                f"from the Hugging Face Hub: {exc}") from exc
 
 
 def build_service(args: argparse.Namespace) -> Any:

@@ -34,6 +34,9 @@ class HiddenStatesService:
         self.served_names = list(served_names)
         self.model_path = model_path
         self.renderer = renderer
+        if extractor.max_prompt_len is None:
+            raise ValueError("the model's context length is unknown (no max_position_embeddings "
+                             "in config.json): pass --max-model-len")
         self.max_model_len = int(extractor.max_prompt_len) + 1
         vocab = int(extractor.target.vocab_size)
         max_id = vocab - 1 if renderer is None else max(vocab - 1, renderer.max_token_id)
