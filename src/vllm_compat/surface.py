@@ -210,23 +210,6 @@ SYMBOLS: tuple[Symbol, ...] = (
     Symbol("KVCacheGroupSpec", "scheduler", (_loc("vllm.v1.kv_cache_interface",
                                                   "KVCacheGroupSpec"),),
            kind="class", search=("vllm.v1",), positional=2, used_by="make_kv_cache_config"),
-    # backend="native": vLLM's own KV-cache grouping, run on the target's layer specs plus the
-    # hidden-state layer's (runtime.native_probe); 0.33 moved it to kv_cache_planning
-    Symbol("get_kv_cache_groups", "extraction",
-           (_loc(KCU, "get_kv_cache_groups", since="0.17.1", until="0.32.0"),
-            _loc("vllm.v1.core.kv_cache_planning", "get_kv_cache_groups", since="0.33.0")),
-           since="0.17.1", optional=True, search=("vllm.v1.core",), positional=2,
-           used_by="runtime.native_probe (backend='native')"),
-    # their get_kv_cache_spec builds the layer specs the grouping sees (runtime.native_probe)
-    Symbol("MLAAttention", "extraction",
-           (_loc("vllm.model_executor.layers.attention.mla_attention", "MLAAttention"),),
-           kind="class", since="0.17.1", optional=True,
-           search=("vllm.model_executor.layers", "vllm.attention"),
-           used_by="runtime.native_probe (backend='native')"),
-    Symbol("CacheOnlyAttentionLayer", "extraction",
-           (_loc("vllm.model_executor.models.extract_hidden_states", "CacheOnlyAttentionLayer"),),
-           kind="class", since="0.17.1", optional=True, search=("vllm.model_executor",),
-           used_by="runtime.native_probe (backend='native')"),
     # 0.20 added resolve_kv_cache_block_sizes; before it the hash block size was block_size
     Symbol("resolve_kv_cache_block_sizes", "scheduler",
            (_loc(KCU, "resolve_kv_cache_block_sizes", since="0.20.2"),),

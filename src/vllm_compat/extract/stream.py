@@ -15,12 +15,9 @@ Single-threaded: call it from the one thread that owns the extractor.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from .ordering import StreamAssembler, check_prompt
-
-if TYPE_CHECKING:
-    from .extractor import ExtractedSample, HiddenStatesExtractor
 
 __all__ = ["ExtractionStream"]
 
@@ -30,7 +27,7 @@ _serial = itertools.count()
 class ExtractionStream:
     """See the module doc. Keys are the caller's; each must be unique while it is running."""
 
-    def __init__(self, extractor: HiddenStatesExtractor) -> None:
+    def __init__(self, extractor: Any) -> None:  # a HiddenStatesExtractor (it builds streams)
         self._ex = extractor
         self._engine = extractor._engine
         if self._engine.plan.mode == "native":
@@ -56,8 +53,9 @@ class ExtractionStream:
         self._engine.cancel([self._tag + key])
         return True
 
-    def step(self) -> list[tuple[str, ExtractedSample]]:
-        """One engine step; the samples it completed, ``(key, sample)``, in completion order."""
+    def step(self) -> list[tuple[str, Any]]:
+        """One engine step; the samples it completed, ``(key, ExtractedSample)``, in completion
+        order."""
         if not self.busy:
             return []
         chunks = self._engine.step()

@@ -29,12 +29,18 @@ import inspect
 import types
 from typing import Any, Sequence
 
-from ..adapters._resolve import get, sym
 from ..target import TargetInfo
 
 __all__ = ["NativeCheck", "native_path_check"]
 
 _KV_IFACE = "vllm.v1.kv_cache_interface"
+# Where this check finds vLLM's pieces (0.17.1-0.33.0); 0.33 moved the grouping function to
+# kv_cache_planning. A build that has none of them makes the check answer "cannot tell".
+_WHERE = {
+    "get_kv_cache_groups": ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_planning"),
+    "MLAAttention": ("vllm.model_executor.layers.attention.mla_attention",),
+    "CacheOnlyAttentionLayer": ("vllm.model_executor.models.extract_hidden_states",),
+}
 _HIDDEN_LAYER = "model.layers.hidden_states_cache.attn"  # a name of our own: only its group matters
 
 
@@ -53,6 +59,14 @@ def _module(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError:
         return None
+
+
+def _find(name: str) -> Any:
+    for module in _WHERE[name]:
+        obj = getattr(_module(module), name, None)
+        if obj is not None:
+            return obj
+    return None
 
 
 def _spec(cls: type, **kw: Any) -> Any:
@@ -78,7 +92,7 @@ def _layer_specs(target: TargetInfo, num_ids: int, cfg: Any,
     dtype = cfg.model_config.dtype
     if target.is_mla:
         # one latent head of kv_lora_rank + qk_rope_head_dim (DeepSeek-V2/V3, Kimi)
-        layer = _own_spec(sym("MLAAttention"), cfg, kv_cache_dtype=cfg.cache_config.cache_dtype,
+        layer = _own_spec(_find("MLAAttention"), cfg, kv_cache_dtype=cfg.cache_config.cache_dtype,
                           head_size=int(tc["kv_lora_rank"]) + int(tc.get("qk_rope_head_dim", 64)),
                           num_heads=int(tc["num_attention_heads"]) // tensor_parallel_size,
                           block_size=block_size)
@@ -88,7 +102,7 @@ def _layer_specs(target: TargetInfo, num_ids: int, cfg: Any,
         layer = _spec(iface.FullAttentionSpec, block_size=block_size,
                       num_kv_heads=max(1, heads // tensor_parallel_size), head_size=head_dim,
                       dtype=dtype)
-    hidden = _own_spec(sym("CacheOnlyAttentionLayer"), cfg, num_heads=num_ids,
+    hidden = _own_spec(_find("CacheOnlyAttentionLayer"), cfg, num_heads=num_ids,
                        head_size=target.hidden_size, kv_cache_torch_dtype=dtype,
                        block_size=block_size, kv_cache_dtype=cfg.cache_config.cache_dtype)
     specs = {f"model.layers.{i}.self_attn.attn": layer for i in range(L)}
@@ -110,11 +124,11 @@ def native_path_check(target: TargetInfo, layer_ids: Sequence[int], *, block_siz
     for ``layer_ids`` intact (see the module doc). Never raises: a release whose pieces
     cannot be found or called gives ``ok=None`` with the reason."""
     try:
-        get_groups = get("get_kv_cache_groups")
+        get_groups = _find("get_kv_cache_groups")
         connector = _module("vllm.distributed.kv_transfer.kv_connector.v1."
                             "example_hidden_states_connector")
-        if (get_groups is None or connector is None or get("CacheOnlyAttentionLayer") is None
-                or (target.is_mla and get("MLAAttention") is None)):
+        if (get_groups is None or connector is None or _find("CacheOnlyAttentionLayer") is None
+                or (target.is_mla and _find("MLAAttention") is None)):
             return NativeCheck(None, "this vLLM has no extract_hidden_states connector or no "
                                      "KV-cache grouping function to check it with")
         from ..scheduling import make_vllm_config
