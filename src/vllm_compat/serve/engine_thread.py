@@ -149,8 +149,9 @@ class EngineThread:
     # ---- the engine thread
 
     def _run(self) -> None:
-        stream = self.extractor.open_stream()
+        stream = None
         try:
+            stream = self.extractor.open_stream()
             while True:
                 if not self._apply(self._take(block=not stream.busy), stream):
                     break
@@ -170,7 +171,8 @@ class EngineThread:
                                          err_type="InternalServerError"))
             self._jobs.clear()
         finally:
-            stream.close()
+            if stream is not None:
+                stream.close()
             # requests still in the inbox: tell them too
             while True:
                 try:
