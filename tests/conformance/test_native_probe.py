@@ -54,24 +54,29 @@ def test_the_check_runs_and_the_plan_follows_it(configs, name, info):
 
 
 def test_the_check_sees_a_mis_grouped_hidden_state_layer(configs, info, monkeypatch):
-    """Tag the hidden-state layer's spec like the MLA layers' (the same cache dtype string):
-    vLLM's real grouping then merges it into the model's one MLA group, under the 1x576 spec,
-    and the check must say so."""
+    """Give the hidden-state layer the MLA layers' own spec with its K x H shape: vLLM's real
+    grouping then merges it into the model's one MLA group under the 1 x 576 spec
+    (``MLAAttentionSpec.merge`` keeps the first layer's head shape), and the check must
+    say the states would come back mis-shaped."""
     if not _has_connector(info):
         pytest.skip("no extract_hidden_states connector before vLLM 0.17.1")
     from vllm_compat.runtime import native_probe
 
     real = native_probe._layer_specs
 
-    def tagged(target, num_ids, cfg, tp):
+    def same_kind(target, num_ids, cfg, tp):
         specs, hidden = real(target, num_ids, cfg, tp)
-        fields = {f.name for f in dataclasses.fields(hidden)}
-        if "cache_dtype_str" not in fields:
-            pytest.skip("this release's specs carry no cache dtype string")
-        hidden = dataclasses.replace(hidden, cache_dtype_str=cfg.cache_config.cache_dtype)
+        mla = specs["model.layers.0.self_attn.attn"]
+        hidden = dataclasses.replace(mla, num_kv_heads=hidden.num_kv_heads,
+                                     head_size=hidden.head_size)
+        try:  # vLLM's own merge: does this release ignore the head shape?
+            type(mla).merge([mla, hidden])
+        except AssertionError:
+            pytest.skip("this release's MLAAttentionSpec.merge refuses different head shapes: "
+                        "the mis-grouping cannot happen here")
         specs[native_probe._HIDDEN_LAYER] = hidden
         return specs, hidden
 
-    monkeypatch.setattr(native_probe, "_layer_specs", tagged)
+    monkeypatch.setattr(native_probe, "_layer_specs", same_kind)
     check = native_probe.native_path_check(configs["deepseek_v3"], (1, 2, 3))
     assert check.ok is False and "mis-shaped" in check.reason, (check, check.groups)

@@ -91,11 +91,13 @@ def _layer_specs(target: TargetInfo, num_ids: int, cfg: Any,
     block_size = cfg.cache_config.block_size
     dtype = cfg.model_config.dtype
     if target.is_mla:
-        # one latent head of kv_lora_rank + qk_rope_head_dim (DeepSeek-V2/V3, Kimi)
+        # one latent head of kv_lora_rank + qk_rope_head_dim (DeepSeek-V2/V3, Kimi): a dense
+        # MLA layer, no sparse indexer, no sliding window (0.33 reads these four)
         layer = _own_spec(_find("MLAAttention"), cfg, kv_cache_dtype=cfg.cache_config.cache_dtype,
                           head_size=int(tc["kv_lora_rank"]) + int(tc.get("qk_rope_head_dim", 64)),
                           num_heads=int(tc["num_attention_heads"]) // tensor_parallel_size,
-                          block_size=block_size)
+                          block_size=block_size, sliding_window=None, indexer=None,
+                          topk_buffer_width=None, non_causal_multi_token_decode=False)
     else:
         heads = int(tc.get("num_key_value_heads") or tc["num_attention_heads"])
         head_dim = int(tc.get("head_dim") or target.hidden_size // int(tc["num_attention_heads"]))
@@ -123,6 +125,10 @@ def native_path_check(target: TargetInfo, layer_ids: Sequence[int], *, block_siz
     """Whether the installed vLLM's extract_hidden_states connector keeps ``target``'s states
     for ``layer_ids`` intact (see the module doc). Never raises: a release whose pieces
     cannot be found or called gives ``ok=None`` with the reason."""
+    tc = target.text_config
+    if target.is_mla and (tc.get("index_topk") or tc.get("sliding_window")):
+        return NativeCheck(None, "a sparse-attention or sliding-window MLA model (DeepSeek-V3.2 "
+                                 "style): its layer specs are not the dense ones this check builds")
     try:
         get_groups = _find("get_kv_cache_groups")
         connector = _module("vllm.distributed.kv_transfer.kv_connector.v1."
