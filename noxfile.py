@@ -8,6 +8,7 @@
     nox -s snapshot                   # only the probe/surface snapshots (no tests), every release
     nox -s typecheck                  # mypy against the newest release (what CI runs)
     nox -s "gpu(vllm='0.26.0')"       # tests/gpu on a CUDA machine: vLLM from PyPI, JSON report
+    nox -s speculators09              # speculators 0.9.0's own commands against serve-hidden-states
     nox -s demo                       # install vLLM (newest release, CPU) and run the quick start
     nox -s matrix_report              # support table from the last conformance results
 """
@@ -181,7 +182,7 @@ def unit(session: nox.Session) -> None:
     """Tests that need no vLLM (CPU torch for the pipeline pieces)."""
     install_cpu_torch(session)
     # ray: the replicas test runs a real local Ray cluster (a ~80 MB wheel, cached by uv)
-    session.install("-e", f"{ROOT}[test,eagle3,testing,ray]")
+    session.install("-e", f"{ROOT}[test,eagle3,testing,ray,serve]")
     session.run("python", "-m", "pytest", str(ROOT / "tests" / "unit"), "-q", *session.posargs,
                 env=TEST_ENV)
 
@@ -284,6 +285,36 @@ def gpu(session: nox.Session, vllm: str) -> None:
     session.install("-e", f"{ROOT}[test,eagle3]")
     session.run("python", str(ROOT / "tools" / "run_gpu_tests.py"),
                 "--out", str(ROOT / f"gpu-report-{vllm}.json"), *session.posargs, env=TEST_ENV)
+
+
+SPECULATORS_09 = "speculators==0.9.0"
+
+
+def speculators_python(session: nox.Session) -> str:
+    """speculators 0.9.0 in a virtual environment of its own (its torch and transformers
+    pins, CPU torch), beside the session's; the path of its Python."""
+    venv = Path(session.virtualenv.location).parent / "speculators-0.9.0"
+    python = venv / "bin" / "python"
+    uv = [sys.executable, "-m", "uv"]
+    if not python.exists():
+        session.run(*uv, "venv", "-q", "-p", PYTHON, str(venv), external=True)
+    session.run(*uv, "pip", "install", "-q", "--python", str(python), *_torch_source(),
+                "torch==2.13.0+cpu", external=True)
+    # its torchvision/torchaudio pins are never imported on the text path (matrix/excludes.txt)
+    session.run(*uv, "pip", "install", "-q", "--python", str(python), "--excludes",
+                str(ROOT / "matrix" / "excludes.txt"), SPECULATORS_09, external=True)
+    return str(python)
+
+
+@nox.session(python=PYTHON)
+def speculators09(session: nox.Session) -> None:
+    """speculators 0.9.0's own prepare-data, generate-offline-data and train (online, file
+    and FP8) against ``vllm-compat serve-hidden-states`` on the CPU (tests/speculators09)."""
+    install_cpu_torch(session)
+    session.install("-e", f"{ROOT}[test,serve,eagle3]")
+    python = speculators_python(session)
+    session.run("python", "-m", "pytest", str(ROOT / "tests" / "speculators09"), "-q",
+                *session.posargs, env=dict(TEST_ENV, SPECULATORS_PYTHON=python))
 
 
 @nox.session(python=PYTHON)

@@ -670,12 +670,25 @@ class Bench:
             restore_env(old)
 
     def mode_e(self) -> None:
-        if self.cfg.get("kv_lora_rank") or (self.cfg.get("text_config") or {}).get("kv_lora_rank"):
-            raise _Skip("MLA model: ExampleHiddenStatesConnector cannot isolate the hidden-state "
-                        "KV group ('MLA verifiers are unsupported' in vLLM 0.26)")
         ids = sorted(self.layer_ids)
         if 0 in ids:
             raise _Skip("layer id 0 (embeddings) cannot come from vLLM's aux path")
+        # Tried on every model; what vllm_compat's check (backend="native") predicts for this
+        # release is recorded beside what vLLM does.
+        from vllm_compat.runtime.native_probe import native_path_check
+        from vllm_compat.target import read_target
+        check = native_path_check(read_target(self.ckpt), ids)
+        self.res["modes"]["e"]["native_check"] = {"ok": check.ok, "reason": check.reason,
+                                                  "groups": list(check.groups)}
+        try:
+            self._mode_e(ids)
+        except Exception as e:
+            if check.ok is False:  # the failure the check predicted: recorded, not a bench error
+                raise _Skip(f"vLLM's own path failed, as vllm_compat's check predicted "
+                            f"({check.reason}): {type(e).__name__}: {e}") from e
+            raise
+
+    def _mode_e(self, ids: list[int]) -> None:
         store = self.scratch / "e-native"
         shutil.rmtree(store, ignore_errors=True)
         store.mkdir(parents=True)

@@ -1,4 +1,5 @@
-"""``vllm-compat`` command line: ``doctor`` reports what vllm_compat sees.
+"""``vllm-compat`` command line: ``doctor`` reports what vllm_compat sees; ``eagle3 <step>``
+runs the draft pipeline; ``serve-hidden-states`` serves hidden states to speculators 0.5-0.9.
 
 ``vllm-compat doctor --drift`` adds the drift report (the installed vLLM against the surface
 vllm_compat relies on and the nearest tested release) and exits 1 when a change affects a
@@ -72,7 +73,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .eagle3.cli import add_parser as add_eagle3_parser  # `vllm-compat eagle3 <step>`
 
     add_eagle3_parser(sub)
-    args = parser.parse_args(argv)
+    from .serve.cli import add_parser as add_serve_parser  # `vllm-compat serve-hidden-states`
+    from .serve.cli import split_vllm_args
+
+    add_serve_parser(sub)
+    ours, tail = split_vllm_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(ours)
+    if tail:  # `serve-hidden-states ... -- <vllm serve flags>`, as launch_vllm.py takes them
+        if args.command != "serve-hidden-states":
+            parser.error(f"unrecognized arguments: -- {' '.join(tail)}")
+        args.vllm_args = tail
     return args.func(args)
 
 

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "tokenizer", "extract.layers", "extract.ordering", "extract.staging", "extract.fp8"),
     ("runtime",),
     ("extract",),
-    ("eagle3", "speculators"),
+    ("eagle3", "speculators", "serve"),
     ("testing",),
     ("cli", "__init__"),
 )

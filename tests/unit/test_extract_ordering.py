@@ -131,3 +131,35 @@ def test_windows():
     assert list(windows(iter(range(7)), 3)) == [[0, 1, 2], [3, 4, 5], [6]]
     with pytest.raises(ValueError):
         list(windows([], 0))
+
+
+# ---------------------------------------------------------------- StreamAssembler
+
+
+def test_stream_assembler_hands_out_each_request_when_complete():
+    from vllm_compat.extract.ordering import StreamAssembler
+
+    asm = StreamAssembler(concat=lambda parts: [x for p in parts for x in p], length=len)
+    asm.register("long", [1, 2, 3, 4])
+    asm.register("short", [5])
+    asm.feed_many({"long": [10, 20], "short": [50]})
+    assert asm.pop_finished() == [("short", [5], [50])]  # not held behind "long"
+    asm.feed_many({"long": [30, 40]})
+    assert asm.pop_finished() == [("long", [1, 2, 3, 4], [10, 20, 30, 40])]
+    assert asm.running == 0
+
+
+def test_stream_assembler_drops_a_cancelled_request_and_its_late_chunks():
+    from vllm_compat.extract.ordering import StreamAssembler
+
+    asm = StreamAssembler(concat=lambda parts: parts, length=len)
+    asm.register("a", [1, 2])
+    asm.register("b", [3])
+    assert asm.drop("a") is True and asm.drop("a") is False
+    asm.feed_many({"a": [1], "b": [3]})  # a step launched before the cancel still made "a"
+    assert [k for k, _, _ in asm.pop_finished()] == ["b"]
+    asm.forget_dropped()
+    with pytest.raises(KeyError):
+        asm.feed_many({"a": [2]})  # once nothing is in flight, an unknown key is an error
+    with pytest.raises(ValueError):
+        asm.register("b2", [1]) or asm.register("b2", [1])

@@ -33,6 +33,18 @@ def _extract(a: argparse.Namespace) -> int:
             kw["trust_remote_code"] = True
         if a.engine_kwargs:
             kw.update(json.loads(a.engine_kwargs))
+    if a.format == "speculators":
+        from .extract_speculators import extract_speculators_dataset
+
+        if a.replicas:
+            raise ValueError("--format speculators runs on one replica (start one per node, "
+                             "each on its own --max-samples range, or use serve-hidden-states)")
+        rep = extract_speculators_dataset(
+            a.target, a.prepared, a.output, a.aux_layer_ids, backend=a.backend,
+            dtype=getattr(torch, a.dtype), max_samples=a.max_samples,
+            progress=not a.no_progress, **kw)
+        print(json.dumps(rep))
+        return 0
     if a.replicas:
         from .distributed import extract_distributed
 
@@ -137,8 +149,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="run a tokenizer the checkpoint ships as code (Kimi-K2.5's)")
     s.set_defaults(func=_prepare)
 
-    s = steps.add_parser("extract", help="hidden states of the prepare output -> shard dataset (resumable)")
-    s.add_argument("prepared", help="prepare output directory")
+    s = steps.add_parser("extract", help="hidden states of the prepare output -> shard dataset, or "
+                                         "speculators 0.5-0.9's hs_{i}.safetensors (resumable)")
+    s.add_argument("prepared", help="prepare output directory (--format speculators: speculators' "
+                                    "prepare-data output)")
+    s.add_argument("--format", choices=("shards", "speculators"), default="shards",
+                   help="speculators: one hs_{row}.safetensors per row of speculators' prepare-data "
+                        "output, as generate-offline-data writes them (default: shards)")
+    s.add_argument("--max-samples", type=int, help="--format speculators: the first N rows only")
     s.add_argument("--target", required=True, help="target model directory")
     s.add_argument("--output", "-o", required=True)
     s.add_argument("--aux-layer-ids", type=int, nargs="+", help="default: EAGLE-3's (2, L//2, L-3)")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from ..target import TargetInfo, read_target
 from .fp8 import SCALE_KEY
 from .layers import resolve_layer_ids
 from .ordering import OrderedAssembler, check_prompt, windows
+
+if TYPE_CHECKING:
+    from .stream import ExtractionStream
 
 _serial = itertools.count()
 
@@ -47,7 +50,11 @@ class HiddenStatesExtractor:
     this order along dim 1. ``max_in_flight`` bounds how many prompts are held at once
     (default: the engine's ``max_num_seqs``-sized window of 64). ``backend``: ``"auto"``
     (aux path, hooks when it cannot express an id), ``"aux"``, ``"hooks"`` (forces
-    ``enforce_eager``) or ``"native"``. Other keywords go to ``vllm.LLM``. With
+    ``enforce_eager``), ``"native"`` (vLLM's own ``extract_hidden_states`` connector), or
+    ``"transformers"``: no vLLM, the target runs in HF transformers, one prompt per
+    forward, float32 on ``device`` (default CPU), states handed out in the checkpoint's dtype
+    (:mod:`vllm_compat.extract.hf_engine`; for machines where vLLM cannot run the model).
+    Other keywords go to ``vllm.LLM``. With
     ``tensor_parallel_size > 1`` only rank 0 hands states back (they are replicated).
     ``overlap_copy`` (TP=1; default on, ``VLLM_COMPAT_EXTRACT_OVERLAP=0`` turns it off): copy
     each step's states to the host while the next step computes, through reused pinned
@@ -83,36 +90,65 @@ class HiddenStatesExtractor:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
         self.max_model_len = max_model_len
-        from vllm_compat.runtime.extraction import ExtractionEngine  # imports vLLM
-        self._engine = ExtractionEngine(
-            self.target, self.layer_ids, backend=backend,
-            tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
-            max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
-            gpu_memory_utilization=gpu_memory_utilization, overlap_copy=overlap_copy,
-            launch_ahead=launch_ahead, states_dtype=states_dtype, llm_kwargs=llm_kwargs)
-        mml = self._engine.llm.llm_engine.model_config.max_model_len
-        self._max_prompt = int(mml) - 1
+        if backend == "transformers":
+            self._engine: Any = self._transformers_engine(states_dtype, llm_kwargs)
+            mml = max_model_len or self.target.text_config.get("max_position_embeddings")
+            self._max_prompt = int(mml) - 1 if mml else None
+        else:
+            from vllm_compat.runtime.extraction import ExtractionEngine  # imports vLLM
+            self._engine = ExtractionEngine(
+                self.target, self.layer_ids, backend=backend,
+                tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
+                max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
+                gpu_memory_utilization=gpu_memory_utilization, overlap_copy=overlap_copy,
+                launch_ahead=launch_ahead, states_dtype=states_dtype, llm_kwargs=llm_kwargs)
+            mml = self._engine.llm.llm_engine.model_config.max_model_len
+            self._max_prompt = int(mml) - 1
         vocab = self.target.text_config.get("vocab_size") or self.config.get("vocab_size")
         self._vocab = int(vocab) if vocab else None
+
+    def _transformers_engine(self, states_dtype: Any, kw: dict[str, Any]) -> Any:
+        from .hf_engine import TransformersEngine
+
+        allowed = {"device", "trust_remote_code"}
+        if set(kw) - allowed:
+            raise ValueError(f"backend='transformers' takes {sorted(allowed)} besides the "
+                             f"extractor's own arguments, got {sorted(set(kw) - allowed)}")
+        return TransformersEngine(self.model_path, self.layer_ids, states_dtype=states_dtype,
+                                  **kw)
+
+    @property
+    def max_prompt_len(self) -> int | None:
+        """The longest prompt accepted: ``max_model_len - 1`` (one slot for the sampled token,
+        as vLLM keeps it), None when unbounded."""
+        return self._max_prompt
+
+    @property
+    def backend(self) -> str:
+        """The capture mode in use: ``aux``, ``hooks``, ``native`` or ``transformers``."""
+        return str(self._engine.plan.mode)
 
     @property
     def info(self) -> dict[str, Any]:
         """What ran: vLLM version, runner (v1/v2), capture mode, model class, eager, steps."""
-        return dict(self._engine.info, steps=self._engine.num_steps,
-                    max_step_tokens=self._engine.max_step_tokens,
+        return dict(self._engine.info, steps=getattr(self._engine, "num_steps", 0),
+                    max_step_tokens=getattr(self._engine, "max_step_tokens", 0),
                     phase_s={k: round(v, 4) for k, v in
                              getattr(self._engine, "phase_s", {}).items()})
 
     def kv_blocks(self) -> tuple[int, int]:
         """``(free, total)`` KV-cache blocks; between ``extract`` calls every block but the
-        null block must be free again (a leak check for long runs). Not for ``native``."""
-        if self._engine.plan.mode == "native":
+        null block must be free again (a leak check for long runs). Not for ``native`` nor
+        ``transformers``."""
+        if self._engine.plan.mode in ("native", "transformers"):
             raise RuntimeError("kv_blocks() needs the aux or hooks backend (native runs "
                                "through LLM.generate, whose engine core is not ours)")
         return self._engine.kv_blocks()
 
     @property
     def llm(self) -> Any:
+        if self.backend == "transformers":
+            raise RuntimeError("backend='transformers' runs no vLLM engine")
         return self._engine.llm
 
     @property
@@ -127,6 +163,8 @@ class HiddenStatesExtractor:
 
     def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float | None]]:
         """vLLM's own ``prompt_logprobs`` of each prompt token (for cross-checks)."""
+        if self.backend == "transformers":
+            raise RuntimeError("prompt_logprobs() needs a vLLM backend")
         return self._engine.prompt_logprobs(prompts)
 
     def _sample(self, index: int, ids: list[int], hs: Any) -> ExtractedSample:
@@ -179,6 +217,14 @@ class HiddenStatesExtractor:
                 yield self._sample(i, ids, hs)
         if self._engine.has_unfinished():
             raise RuntimeError("the engine still has unfinished requests after extraction")
+
+    def open_stream(self) -> "ExtractionStream":
+        """Requests in, samples out as each finishes, while the engine keeps stepping: for a
+        caller whose prompts arrive over time (a server). One stream at a time, not beside
+        :meth:`extract`."""
+        from .stream import ExtractionStream
+
+        return ExtractionStream(self)
 
     def close(self) -> None:
         self._engine.close()

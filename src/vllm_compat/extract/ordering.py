@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-__all__ = ["BatchLayout", "OrderedAssembler", "check_prompt", "split_batch"]
+__all__ = ["BatchLayout", "OrderedAssembler", "StreamAssembler", "check_prompt", "split_batch"]
 
 
-def check_prompt(index: int, token_ids: Any, max_len: int | None = None,
+def check_prompt(index: int | str, token_ids: Any, max_len: int | None = None,
                  vocab_size: int | None = None) -> list[int]:
     """A prompt as a list of ints; ValueError naming the prompt and the bad value."""
     if hasattr(token_ids, "tolist"):
@@ -179,6 +179,68 @@ class OrderedAssembler:
     def missing(self) -> dict[str, tuple[int, int]]:
         """``key -> (received, expected)`` for unfinished requests."""
         return {k: (p.received, len(p.token_ids)) for k, p in self._by_key.items()}
+
+
+class StreamAssembler:
+    """Per-request chunk assembly for requests that come and go while the engine runs (a
+    server): keyed by the caller's request key, each request handed back as soon as it is
+    complete, in any order. A cancelled request's chunks that a step launched before the
+    cancel still produced are dropped; any other unknown key is an error."""
+
+    def __init__(self, concat: Callable[[list[Any]], Any] | None = None,
+                 length: Callable[[Any], int] = _default_length) -> None:
+        self._concat = concat or _default_concat
+        self._length = length
+        self._running: dict[str, _Pending] = {}
+        self._finished: list[tuple[str, list[int], Any]] = []
+        self._dropped: set[str] = set()
+
+    def register(self, key: str, token_ids: Sequence[int]) -> None:
+        if key in self._running:
+            raise ValueError(f"request key {key!r} already registered")
+        self._dropped.discard(key)
+        self._running[key] = _Pending(0, key, list(token_ids))
+
+    def drop(self, key: str) -> bool:
+        """Forget ``key`` (cancelled); True when it was still running."""
+        if self._running.pop(key, None) is None:
+            return False
+        self._dropped.add(key)
+        return True
+
+    def feed_many(self, chunks: Mapping[str, Any]) -> None:
+        for key, chunk in chunks.items():
+            p = self._running.get(key)
+            if p is None:
+                if key in self._dropped:
+                    continue  # computed by a step launched before the cancel
+                raise KeyError(f"chunk for unknown or finished request {key!r}")
+            n = int(self._length(chunk))
+            if p.received + n > len(p.token_ids):
+                raise ValueError(f"request {key!r}: {p.received} + {n} tokens received, the "
+                                 f"prompt has {len(p.token_ids)}")
+            p.parts.append(chunk)
+            p.received += n
+            if p.received == len(p.token_ids):
+                del self._running[key]
+                self._finished.append((key, p.token_ids, self._concat(p.parts)))
+
+    def pop_finished(self) -> list[tuple[str, list[int], Any]]:
+        """``(key, token_ids, data)`` of every request completed since the last call."""
+        out, self._finished = self._finished, []
+        return out
+
+    def forget_dropped(self) -> None:
+        """Clear the record of cancelled keys (when no step launched before them is in flight)."""
+        self._dropped.clear()
+
+    @property
+    def running(self) -> int:
+        """Requests still missing tokens."""
+        return len(self._running)
+
+    def running_keys(self) -> list[str]:
+        return list(self._running)
 
 
 def windows(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -9,8 +9,9 @@ L = final pre-norm state). Modes:
   compiled graph or under CUDA-graph replay, so this mode forces ``enforce_eager=True``. Used
   when the model has no aux path or its aux path cannot express a requested id.
 * ``"native"`` (0.17.1+): ``speculative_config.method="extract_hidden_states"`` with
-  ``ExampleHiddenStatesConnector``; it refuses MLA verifiers (the hidden-state KV group cannot
-  be isolated), so MLA models fall back to ``"aux"``.
+  ``ExampleHiddenStatesConnector``; allowed where :mod:`.native_probe` finds, on the installed
+  vLLM, that the connector keeps the states intact (for an MLA model, refused when it cannot
+  tell).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from packaging.version import Version
 from ..adapters._resolve import get, sym
 from ..errors import UnsupportedFeatureError
 from ..target import TargetInfo
+from .native_probe import native_path_check
 
 VLLM_VERSION = Version(Version(vllm.__version__).base_version)
 
@@ -137,15 +139,14 @@ def plan(target: TargetInfo, layer_ids: Sequence[int], *, backend: str,
         if VLLM_VERSION < Version("0.17.1"):
             raise ValueError(f"backend='native' needs vLLM 0.17.1+ (extract_hidden_states); "
                              f"installed {vllm.__version__}")
-        if target.is_mla:
-            # The connector stores the states in a KV-cache layer beside the model's; with an
-            # MLA model vLLM groups it with the MLA layers (it refuses that from 0.25.0 only
-            # when it finds two groups), and no release here was shown to give correct states.
+        # Whether vLLM's connector keeps the states intact depends on how this release groups
+        # its hidden-state cache layer with the model's KV-cache layers: checked on the
+        # installed vLLM (runtime.native_probe), not assumed from the architecture.
+        check = native_path_check(target, ids)
+        if check.ok is False or (check.ok is None and target.is_mla):
             raise ValueError(
-                f"backend='native' is refused for MLA models ({name}): vLLM's "
-                "extract_hidden_states connector keeps the states in the MLA KV-cache group, "
-                "where they are not known to come back intact; use backend='auto' (vLLM's aux "
-                "path, compiled)")
+                f"backend='native' is refused for {name} on vLLM {vllm.__version__}: "
+                f"{check.reason}; use backend='auto' (vLLM's aux path, compiled)")
         elif not set(ids) <= supported:
             raise ValueError(f"backend='native': {name} on vLLM {vllm.__version__} cannot "
                              f"return layer ids {sorted(set(ids) - supported)}")

@@ -420,6 +420,17 @@ class ExtractionEngine:
         while self._tickets:  # their states belong to the aborted extraction
             self._tickets.popleft().discard()
 
+    def cancel(self, req_ids: Iterable[str]) -> None:
+        """Finish these requests now (aborted), freeing their KV blocks, without touching the
+        other requests or the steps in flight: a step launched before the cancel still
+        returns the cancelled requests' chunks, which the caller drops. The scheduler skips a
+        finished request when that step's output comes back (``update_from_output``, as vLLM's
+        engine core does for an abort that arrives while a step runs)."""
+        ids = list(req_ids)
+        self.core.scheduler.finish_requests(ids, sym("RequestStatus.FINISHED_ABORTED"))
+        for r in ids:  # steps already launched took their ids at launch (_collect)
+            self._pending.pop(r, None)
+
     def has_unfinished(self) -> bool:
         """Requests in the scheduler, steps in flight, or states not handed out yet."""
         return self._has_work() or bool(self._tickets)

@@ -1,0 +1,38 @@
+"""bench/serve_vs_vllm.py's pieces that run without a GPU: arguments and the file comparison."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from bench import serve_vs_vllm as sv  # noqa: E402
+from vllm_compat.serve.hs_files import save_hidden_states  # noqa: E402
+
+
+def test_defaults():
+    a = sv.parse_args(["--speculators-python", "/x/python"])
+    assert (a.model, a.concurrency, a.samples) == ("llama-1b", 32, 2000)
+
+
+def test_compare_files(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    for i in range(3):
+        hs = torch.randn(5, 4, 8, generator=g).to(torch.bfloat16)
+        (tmp_path / "a").mkdir(exist_ok=True)
+        save_hidden_states(tmp_path / "a" / f"hs_{i}.safetensors", list(range(5)), hs)
+        other = hs.clone()
+        if i == 2:
+            other[0, 0, 0] += 1.0  # one value differs
+        (tmp_path / "b").mkdir(exist_ok=True)
+        save_hidden_states(tmp_path / "b" / f"hs_{i}.safetensors", list(range(5)), other)
+    r = sv.compare_files(tmp_path / "a", tmp_path / "b", 10)
+    assert r["files"] == 3
+    assert r["bit_equal_share"] == pytest.approx(1 - 1 / (3 * 160))
+    assert 0 < r["worst_rel_err"] < 0.2
+    (tmp_path / "b" / "hs_1.safetensors").unlink()
+    save_hidden_states(tmp_path / "b" / "hs_1.safetensors", [9, 9, 9, 9, 9],
+                       torch.zeros(5, 4, 8, dtype=torch.bfloat16))
+    with pytest.raises(AssertionError):
+        sv.compare_files(tmp_path / "a", tmp_path / "b", 10)  # token ids differ
