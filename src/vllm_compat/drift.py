@@ -20,7 +20,7 @@ from packaging.version import Version
 
 from . import aliases, surface, versions
 
-SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"  # shipped with the package
+SNAPSHOTS = versions.SNAPSHOTS  # shipped with the package
 
 # The kinds of drift, and what each means for a capability.
 KINDS: dict[str, str] = {

@@ -314,7 +314,8 @@ def incompatibility(s: Symbol, obj: Any) -> str | None:
     if removed:
         return f"it does not take {', '.join(repr(n) for n in removed)}"
     ref = _reference(s)
-    if ref is not None:
+    forwards = any(n.startswith("**") for n in ps)  # (*args, **kwargs) takes any name
+    if ref is not None and not forwards:
         wanted = [n for n, req in ref.items() if req and not n.startswith("*") and n not in ps]
         if wanted:
             return (f"it lacks the parameter(s) {', '.join(repr(n) for n in wanted)} that "
@@ -390,9 +391,9 @@ def successors(s: Symbol, holder: Any = None) -> list[str]:
         if incompatibility(s, obj) is not None:
             continue
         likeness = difflib.SequenceMatcher(None, s.member, name).ratio()
-        if ref is None and not (s.positional or s.passes) and likeness < 0.6:
-            continue  # nothing but the name to go by
         same = ref is not None and set(params(obj) or ()) == set(ref)
+        if not same and likeness < 0.6:
+            continue  # a call shape alone fits too many methods: the name must be alike
         ranked.append((not same, -likeness, where, obj))
     ranked.sort(key=lambda r: r[:3])
     return [f"{where}{_shown_signature(obj)}" for _, _, where, obj in ranked[:3]]
