@@ -205,3 +205,15 @@ def test_version_branches_carry_a_comment():
                     if not re.search(r"#.*\b0\.\d+", window):
                         missing.append(f"{folder}/{path.name}:{i + 1}: {s}")
     assert missing == []
+
+
+TESTS = SRC.parents[1] / "tests" / "conformance"
+# the conformance suite's doors to vLLM: its reference (the oracle), the engine path it replays,
+# and the drift it injects; a test module reads vLLM only through them
+VLLM_REFERENCE = ("reference.py", "engine_path.py", "drift_inject.py")
+
+
+def test_conformance_tests_reach_vllm_only_through_the_reference():
+    offenders = {p.name: _vllm_imports(p) for p in sorted(TESTS.glob("*.py"))
+                 if p.name not in VLLM_REFERENCE and _vllm_imports(p)}
+    assert offenders == {}
