@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -106,8 +107,6 @@ def alias(**names: str) -> None:
     aliases.declare(names)
     with _lock:
         _cached = _drift_cache = None
-    import sys
-
     resolver = sys.modules.get(f"{__package__}.resolve")
     if resolver is not None:
         resolver.reset()

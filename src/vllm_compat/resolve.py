@@ -801,14 +801,14 @@ def _type_text(ann: Any) -> str:
 
 def field_types(cls: Any, names: Sequence[str]) -> dict[str, str | None]:
     """The declared type of each named field of ``cls`` (a dataclass, msgspec struct or plain
-    class, whose ``__init__`` annotates ``self.<name>: T``): the type as text, "?" where the
-    field is set without a type, None where ``cls`` has no such field."""
+    class whose source annotates ``self.<name>: T``): the type as text, "?" where the field is
+    set without a type, None where ``cls`` has no such field."""
     ann: dict[str, Any] = {}
     for k in reversed(getattr(cls, "__mro__", ())):
         ann.update(vars(k).get("__annotations__", {}))
     ann.update({n: f.type for n, f in (getattr(cls, "__dataclass_fields__", None) or {}).items()})
-    try:
-        init_source = inspect.getsource(cls.__init__) if "__init__" in vars(cls) else ""
+    try:  # the class's own source (its __init__ annotates ``self.<name>: T``)
+        init_source = inspect.getsource(cls)
     except (OSError, TypeError):
         init_source = ""
     out: dict[str, str | None] = {}

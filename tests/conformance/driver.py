@@ -27,6 +27,19 @@ def sp(max_tokens: int):
     return reference.sampling_params(max_tokens=max_tokens, temperature=0.0)
 
 
+class SecondPhaseByAlias:
+    """A stand-in worker's second phase under the name the user declared for vLLM's
+    (``VLLM_COMPAT_ALIASES=sample_tokens=<new>``): a build that renamed it calls the worker by
+    the new name, as its real workers would have it."""
+
+    def __getattr__(self, name: str):
+        from vllm_compat import aliases
+
+        if name != "sample_tokens" and aliases.current().get("sample_tokens") == name:
+            return self.sample_tokens
+        raise AttributeError(name)
+
+
 def real_executor(worker):
     """vLLM's UniProcExecutor around ``worker``; __init__ (which loads a model) skipped."""
     ex = object.__new__(reference.uniproc_executor_class())

@@ -27,6 +27,8 @@ from .drift_inject import KINDS
 from .oracle import ORACLE_OUTDATED
 
 ROOT = Path(__file__).resolve().parents[2]
+# from the versions table (the stored snapshots), never written out
+NEWEST, NEXT = versions.NEWEST_TESTED, versions.NEWEST_TESTED_SERIES
 KCU = "vllm.v1.core.kv_cache_utils"
 TAIL = " (`vllm-compat doctor --drift` lists every change)"
 
@@ -41,10 +43,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 STRICT_RUNS = {
-    "strict-drift-moved": ("moved", "--as-version", "0.34.0.dev43+g5d6e7f8", "--strict", "drift"),
-    "strict-drift-required": ("required_param", "--as-version", "0.34.0.dev44+g9a8b7c6",
+    "strict-drift-moved": ("moved", "--as-version", f"{NEXT}.dev43+g5d6e7f8", "--strict", "drift"),
+    "strict-drift-required": ("required_param", "--as-version", f"{NEXT}.dev44+g9a8b7c6",
                               "--strict", "drift"),
-    "strict-all-none": ("none", "--as-version", "0.34.0.dev42+g1a2b3c4", "--strict", "1"),
+    "strict-all-none": ("none", "--as-version", f"{NEXT}.dev42+g1a2b3c4", "--strict", "1"),
 }
 SUITE_KINDS = ("moved", "required_param", "request_moved")
 SUITE_FILES = ("tests/conformance/test_block_hashes.py", "tests/conformance/test_missing_hasher.py")
@@ -174,11 +176,22 @@ def test_a_moved_symbol_is_used_where_it_went_and_reported(runs, info):
 
 def test_a_deleted_symbol_is_a_library_error_naming_the_capability(runs, info):
     r = runs["deleted"]
-    assert _error(r) == ("MissingSymbolError", "hashing", (
-        f"hashing: vLLM {info.version} drifted from what vllm_compat expects: init_none_hash: "
-        f"expected {KCU}:init_none_hash; found not at {KCU}:init_none_hash, "
-        "vllm.utils.hashing:init_none_hash, nor anywhere under vllm.utils, vllm.v1.core. "
-        "No workaround is known" + TAIL))
+    kind, capability, message = _error(r)
+    assert (kind, capability) == ("MissingSymbolError", "hashing")
+    head = (f"hashing: vLLM {info.version} drifted from what vllm_compat expects: init_none_hash: "
+            f"expected {KCU}:init_none_hash; found not at {KCU}:init_none_hash, "
+            "vllm.utils.hashing:init_none_hash, nor anywhere under vllm.utils, vllm.v1.core")
+    # where it lived, functions that take the same call are named (never used unless declared)
+    candidates = re.findall(r"candidates with a compatible signature: (.*?)\. Workaround", message)
+    if candidates:
+        first = candidates[0].split("(")[0].rpartition(":")[2]
+        assert message == (head + f"; candidates with a compatible signature: {candidates[0]}. "
+                           f"Workaround: if {first} is the successor of init_none_hash, declare "
+                           f"it: VLLM_COMPAT_ALIASES='init_none_hash={first}' or vllm_compat."
+                           f"alias(init_none_hash={first!r}) (checked, then used and reported as "
+                           "drift resolved by alias)" + TAIL)
+    else:
+        assert message == head + ". No workaround is known" + TAIL
     doc = r["doctor"]
     expected = [("missing", "init_none_hash", True)]
     if not info.probes["fixed_none_hash_seed"]:
@@ -260,11 +273,11 @@ def test_strict_drift_accepts_an_untested_build_whose_drift_breaks_nothing(runs,
     changes = int(found.group(1))
     assert changes == 3 if info.base_version == newest else changes > 3
     summary = found.group(0)
-    assert r["detect"] == {"version": "0.34.0.dev43+g5d6e7f8", "era": "v0_29",
-                           "routing": "version and probes agree: 0.34.0",
+    assert r["detect"] == {"version": f"{NEXT}.dev43+g5d6e7f8", "era": "v0_29",
+                           "routing": f"version and probes agree: {NEXT}",
                            "newer_than_tested": True, "drift": summary}
     assert r["warnings"] == [
-        ("vLLM 0.34.0.dev43+g5d6e7f8 is newer than the newest release vllm_compat was tested on "
+        (f"vLLM {NEXT}.dev43+g5d6e7f8 is newer than the newest release vllm_compat was tested on "
          f"({newest}); using adapter 'v0_29' (the newest); {summary} (`vllm-compat doctor --drift`)")]
 
 
@@ -273,12 +286,12 @@ def test_strict_drift_refuses_an_untested_build_whose_drift_breaks_a_capability(
     passes = ("request_id, prompt_token_ids, sampling_params, pooling_params, block_hasher, "
               "eos_token_id where accepted, structured_output_request where accepted")
     assert r["error"] == {"type": "UnsupportedVllmVersionError", "message": (
-        "vLLM 0.34.0.dev44+g9a8b7c6 is newer than the newest release vllm_compat was tested on "
-        "(0.33.0) and VLLM_COMPAT_STRICT=drift found drift that affects a capability (with "
+        f"vLLM {NEXT}.dev44+g9a8b7c6 is newer than the newest release vllm_compat was tested on "
+        f"({NEWEST}) and VLLM_COMPAT_STRICT=drift found drift that affects a capability (with "
         "adapter 'v0_29'): requests: Request: expected no required parameter beyond those "
         f"vllm_compat passes ({passes}); found new required parameter(s) 'priority_class' "
         "(workaround: pass it through make_request(..., priority_class=...): make_request "
-        "forwards extra keywords to Request unchanged). Install vLLM <= 0.33.0, or unset "
+        f"forwards extra keywords to Request unchanged). Install vLLM <= {NEWEST}, or unset "
         "VLLM_COMPAT_STRICT to run it anyway (`vllm-compat doctor --drift` shows the full report)")}
     assert r["warnings"] == []
 
@@ -286,8 +299,8 @@ def test_strict_drift_refuses_an_untested_build_whose_drift_breaks_a_capability(
 def test_strict_1_refuses_every_untested_build_naming_the_adapter(runs, newest_era):
     r = runs["strict-all-none"]
     assert r["error"] == {"type": "UnsupportedVllmVersionError", "message": (
-        "vLLM 0.34.0.dev42+g1a2b3c4 is newer than the newest release vllm_compat was tested on "
-        "(0.33.0) and VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= 0.33.0, "
+        f"vLLM {NEXT}.dev42+g1a2b3c4 is newer than the newest release vllm_compat was tested on "
+        f"({NEWEST}) and VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= {NEWEST}, "
         "set VLLM_COMPAT_STRICT=drift to accept it when the drift check finds nothing that "
         "affects a capability, or unset VLLM_COMPAT_STRICT to run it with adapter 'v0_29'")}
 

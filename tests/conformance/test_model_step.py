@@ -18,11 +18,11 @@ from packaging.version import Version
 import vllm_compat as vc
 
 from . import reference
-from .driver import BLOCK, FAKE_TOKEN, make_async, real_executor, sp, tokens
+from .driver import BLOCK, FAKE_TOKEN, SecondPhaseByAlias, make_async, real_executor, sp, tokens
 from .oracle import oracle
 
 
-class StandInWorker:
+class StandInWorker(SecondPhaseByAlias):
     """Fabricates the model's output with the step contract of the installed release."""
 
     def __init__(self, scheduler, two_phase: bool, async_output: bool = False):
@@ -122,7 +122,8 @@ def test_real_v1_runner_has_the_state_guard(info):
     if not two_phase(info):
         assert not hasattr(GPUModelRunner, "sample_tokens")
         return
-    assert list(inspect.signature(GPUModelRunner.sample_tokens).parameters) == ["self", "grammar_output"]
+    with oracle("the V1 runner's sample_tokens"):
+        assert list(inspect.signature(GPUModelRunner.sample_tokens).parameters) == ["self", "grammar_output"]
     runner = object.__new__(GPUModelRunner)  # no GPU: only the guard at the top runs
     runner.execute_model_state = object()
     with pytest.raises(Exception) as guard:
@@ -134,9 +135,10 @@ def test_real_v1_runner_has_the_state_guard(info):
 def test_worker_and_executor_signatures(info):
     Executor, Worker = reference.executor_and_worker_classes()
 
-    assert "scheduler_output" in inspect.signature(Worker.execute_model).parameters
-    assert hasattr(Worker, "sample_tokens") == two_phase(info)
-    assert hasattr(Executor, "sample_tokens") == two_phase(info)
+    with oracle("vLLM's Worker and Executor step methods"):  # what vLLM names them
+        assert "scheduler_output" in inspect.signature(Worker.execute_model).parameters
+        assert hasattr(Worker, "sample_tokens") == two_phase(info)
+        assert hasattr(Executor, "sample_tokens") == two_phase(info)
 
 
 def test_v2_runner_contract_where_present(info):
@@ -146,7 +148,8 @@ def test_v2_runner_contract_where_present(info):
         V2Runner = reference.v2_runner_class()
     except Exception as exc:  # noqa: BLE001 - its CUDA-only imports may fail on CPU
         pytest.skip(f"Model Runner V2 does not import on CPU here: {type(exc).__name__}: {exc}")
-    assert "grammar_output" in inspect.signature(V2Runner.sample_tokens).parameters
+    with oracle("Model Runner V2's sample_tokens"):
+        assert "grammar_output" in inspect.signature(V2Runner.sample_tokens).parameters
     V1Runner = reference.v1_runner_class()
 
     def worker_with(runner_cls):  # a Worker's shape: .model_runner holds the real class
