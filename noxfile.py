@@ -147,10 +147,14 @@ def _detected(doctor: dict | None) -> dict:
     if not doctor.get("ok"):
         return {"doctor_error": doctor.get("error")}
     report = doctor.get("drift") or {}
-    return {"vllm": doctor["version"], "adapter": doctor["era"], "routing": doctor["routing"],
-            "newer_than_tested": doctor["newer_than_tested"], "probes": doctor["probes"],
-            "drift": {k: report.get(k) for k in ("nearest_tested", "summary", "affects_capability",
-                                                 "capabilities")}}
+    out = {"vllm": doctor["version"], "adapter": doctor["era"], "routing": doctor["routing"],
+           "newer_than_tested": doctor["newer_than_tested"], "probes": doctor["probes"],
+           "drifted": doctor.get("drifted") or {},
+           "drift": {k: report.get(k) for k in ("nearest_tested", "summary", "affects_capability",
+                                                "capabilities")}}
+    if doctor.get("refused"):  # VLLM_COMPAT_STRICT refused the build: recorded, not hidden
+        out["refused"] = doctor["refused"]
+    return out
 
 
 ORACLE_OUTDATED = "oracle needs updating for this build"

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def record() -> dict:
-    from vllm_compat.adapters import _resolve
+    from vllm_compat import resolve as _resolve
 
     return {"vllm": importlib.metadata.version("vllm"), "probes": _resolve.probe_values(),
             "surface": _resolve.survey()}

@@ -6,10 +6,11 @@ loaded on first use (see :func:`detect`).
 
 from __future__ import annotations
 
-from .detect import VllmInfo, adapter, check_drift, detect, installed_vllm_version
+from .detect import VllmInfo, adapter, alias, check_drift, detect, installed_vllm_version
 from .drift import DriftItem, DriftReport
 from .errors import (
-    InvalidLayerIdError, InvalidVllmVersionError, MissingSymbolError, ReturnTypeDriftError,
+    InvalidLayerIdError, InvalidVllmVersionError, MissingSymbolError, RejectedAliasError,
+    ReturnTypeDriftError,
     SignatureDriftError, StaleBlockHasherError, TargetMismatchError, TrainingCheckpointError,
     UnknownAdapterError, UnsupportedFeatureError, UnsupportedVllmVersionError, VllmCompatError,
     VllmDriftError, VllmNotInstalledError,
@@ -28,11 +29,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AUTO", "BlockHasher", "DriftItem", "DriftReport", "FinishedStep", "InvalidLayerIdError",
-    "InvalidPromptError", "InvalidVllmVersionError", "MissingSymbolError", "ReturnTypeDriftError",
+    "InvalidPromptError", "InvalidVllmVersionError", "MissingSymbolError", "RejectedAliasError",
+    "ReturnTypeDriftError",
     "SignatureDriftError", "StaleBlockHasherError", "StepPipeline", "TargetMismatchError",
     "TrainingCheckpointError", "UnknownAdapterError", "UnsupportedFeatureError",
     "UnsupportedVllmVersionError", "VllmCompatError", "VllmDriftError", "VllmInfo",
-    "VllmNotInstalledError", "adapter", "attach_block_hasher",
+    "VllmNotInstalledError", "adapter", "alias", "attach_block_hasher",
     "block_hasher_for", "check_drift", "collective_rpc", "detect", "grammar_output", "installed_vllm_version",
     "make_block_hasher", "make_kv_cache_config", "make_model_runner_output", "make_request",
     "make_scheduler", "make_vllm_config", "parse_vllm_version", "resolve_output", "route",

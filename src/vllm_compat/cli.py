@@ -2,14 +2,17 @@
 runs the draft pipeline; ``serve-hidden-states`` serves hidden states to speculators 0.5-0.9.
 
 ``vllm-compat doctor --drift`` adds the drift report (the installed vLLM against the surface
-vllm_compat relies on and the nearest tested release) and exits 1 when a change affects a
-capability, 0 otherwise, 2 when vLLM cannot be detected at all.
+vllm_compat relies on and the nearest tested release). It always prints the report, and exits
+1 when a change affects a capability (or ``VLLM_COMPAT_STRICT`` refuses the build), 0
+otherwise, and 2 only when there is nothing to compare: vLLM cannot be imported, or no
+adapter exists for it (older than supported, a version that is not PEP 440).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -21,21 +24,47 @@ def _yes_no(value: bool | None) -> str:
     return "cannot tell" if value is None else "yes" if value else "no"
 
 
-def _doctor(args: argparse.Namespace) -> int:
-    from .detect import check_drift, detect
+def _fail(args: argparse.Namespace, exc: Exception) -> int:
+    if args.json:
+        print(json.dumps({"ok": False, "error": str(exc), "error_type": type(exc).__name__}))
+    else:
+        print(f"vllm-compat {__version__}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 2
+
+
+def _detect_despite_strict(args: argparse.Namespace):
+    """detect(), and where ``VLLM_COMPAT_STRICT`` refuses the build, the refusal and what
+    detection finds without it (a drift report is printed whatever the policy)."""
+    from .detect import detect
+    from .errors import UnsupportedVllmVersionError
+    from .versions import strict_mode
 
     try:
-        info = detect()
+        return detect(), None
+    except UnsupportedVllmVersionError as exc:
+        if not (args.drift and strict_mode()):
+            raise
+        refused = exc
+    saved = os.environ.pop("VLLM_COMPAT_STRICT")
+    try:
+        return detect(refresh=True), refused
+    finally:
+        os.environ["VLLM_COMPAT_STRICT"] = saved
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .detect import check_drift
+
+    try:
+        info, refused = _detect_despite_strict(args)
         report = check_drift() if args.drift else None
     except VllmCompatError as exc:
-        if args.json:
-            print(json.dumps({"ok": False, "error": str(exc), "error_type": type(exc).__name__}))
-        else:
-            print(f"vllm-compat {__version__}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    code = 1 if report is not None and report.affecting else 0
+        return _fail(args, exc)
+    code = 1 if (report is not None and report.affecting) or refused is not None else 0
     if args.json:
         out = {"ok": True, "vllm_compat": __version__, **info.as_dict()}
+        if refused is not None:
+            out["refused"] = str(refused)
         if report is not None:
             out["drift"] = report.as_dict()
         print(json.dumps(out, indent=2))
@@ -49,7 +78,11 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"warning     newer than the newest tested release; adapter '{info.era}' in use; "
               "VLLM_COMPAT_STRICT=1 refuses it, VLLM_COMPAT_STRICT=drift refuses it on drift "
               "that affects a capability")
+    if refused is not None:
+        print(f"refused     {refused}")
     print(f"runner      {info.runner}")
+    for cap, why in info.drifted.items():
+        print(f"drifted     {cap}: {why} (the rest of the library works)")
     print("capabilities:")
     width = max(len(k) for k in info.probes)
     for k, v in info.probes.items():

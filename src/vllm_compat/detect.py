@@ -1,9 +1,19 @@
-"""Find the installed vLLM, route it to an adapter, and report what it can do."""
+"""Find the installed vLLM, route it to an adapter, and report what it can do.
+
+Detection never refuses the whole library because one capability drifted: the version picks
+the era (``packaging``; probes check it, see :mod:`vllm_compat.versions`), and a capability
+whose probes or drift check show a change is listed in :attr:`VllmInfo.drifted`. What does
+not depend on it keeps working; using it raises a :class:`~vllm_compat.errors.VllmDriftError`
+naming it, before the operation touches vLLM state. Detection refuses only what no adapter
+can run: a vLLM that cannot be imported, one older than supported, an untested build under
+``VLLM_COMPAT_STRICT``, or an adapter forced by ``VLLM_COMPAT_ADAPTER`` that cannot load.
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -11,6 +21,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from . import aliases
 from . import drift as _drift
 from . import versions
 from .errors import InvalidVllmVersionError, UnsupportedVllmVersionError, VllmNotInstalledError
@@ -40,6 +51,9 @@ class VllmInfo:
     # the drift check's summary: run at detection for a build newer than the newest tested
     # release (None otherwise; ``check_drift()`` / ``vllm-compat doctor --drift`` run it anywhere)
     drift: str | None = None
+    # capability -> what drifted: an era requirement the probes deny, or (where the drift
+    # check ran) an item that affects the capability. The rest of the library works.
+    drifted: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -82,6 +96,22 @@ def adapter(*, refresh: bool = False) -> ModuleType:
     return _detect(refresh)[1]
 
 
+def alias(**names: str) -> None:
+    """Declare that a vLLM name vllm_compat looks for has a successor, e.g.
+    ``alias(sample_tokens="sample_step_tokens")`` (the same as ``VLLM_COMPAT_ALIASES``).
+
+    The resolver uses the new name only where the old one is missing, after checking that it
+    takes the call vllm_compat makes; ``doctor --drift`` reports it as resolved by alias.
+    ``alias(sample_tokens="")`` removes one. Detection and the resolver start afresh."""
+    global _cached, _drift_cache
+    aliases.declare(names)
+    with _lock:
+        _cached = _drift_cache = None
+    resolver = sys.modules.get(f"{__package__}.resolve")
+    if resolver is not None:
+        resolver.reset()
+
+
 def check_drift(*, refresh: bool = False) -> _drift.DriftReport:
     """The drift report of the installed vLLM: the declared surface, and the stored snapshot
     of the nearest tested release, against what the installed code has (imports vLLM)."""
@@ -94,9 +124,24 @@ def check_drift(*, refresh: bool = False) -> _drift.DriftReport:
 
 
 def _run_drift(version: str, era: str, probes: dict[str, bool | None]) -> _drift.DriftReport:
-    from .adapters import _resolve
+    from . import resolve
 
-    return _drift.check(version, era, probes, _resolve.survey())
+    return _drift.check(version, era, probes, resolve.survey())
+
+
+def _requirement_drift(era: versions.Era, missing: dict[str, bool],
+                       probes: dict[str, bool | None]) -> dict[str, str]:
+    """The capabilities whose era requirements the probes deny (the adapter runs anyway)."""
+    from .surface import PROBES_BY_NAME
+
+    out: dict[str, str] = {}
+    for name, want in missing.items():
+        p = PROBES_BY_NAME[name]
+        out.setdefault(p.capability, (
+            f"probe {name} ({p.meaning}): adapter '{era.name}' needs "
+            f"{'yes' if want else 'no'}, the installed vLLM answers "
+            f"{'cannot tell' if probes.get(name) is None else 'yes' if probes[name] else 'no'}"))
+    return out
 
 
 def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
@@ -123,11 +168,12 @@ def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
         probes = common.probes()
         routing = versions.route(v, probes, warn=False)
         missing = {k: want for k, want in routing.era.requires.items() if probes.get(k) != want}
-        if missing:  # only reachable when VLLM_COMPAT_ADAPTER forces an era of other releases
+        if missing and routing.forced:  # the user's choice of era, which cannot run here
             raise UnsupportedVllmVersionError(
                 f"adapter '{routing.era.name}' ({routing.reason}) cannot run on vLLM {text}: it "
                 f"needs the probes {missing}, the installed vLLM has "
                 f"{ {k: probes.get(k) for k in missing} }")
+        drifted = _requirement_drift(routing.era, missing, probes)
         try:
             module = load(routing.era.module)
         except ImportError as exc:  # only reachable when VLLM_COMPAT_ADAPTER forces a wrong era
@@ -135,23 +181,28 @@ def _detect(refresh: bool) -> tuple[VllmInfo, ModuleType]:
                 f"adapter '{routing.era.name}' ({routing.reason}) cannot run on vLLM {text}: {exc}"
             ) from exc
         summary = None
-        if routing.newer_than_tested:
+        if routing.newer_than_tested or drifted:
             # an untested build: say what drifted in the warning; VLLM_COMPAT_STRICT=drift
             # accepts it only when nothing affects a capability
             report = _drift_cache = _run_drift(text, routing.era.name, probes)
             summary = report.summary()
-            if versions.strict_mode() == "drift" and report.affecting and not routing.forced:
+            for item in report.affecting:
+                drifted.setdefault(item.capability, f"{item.symbol}: expected {item.expected}; "
+                                                    f"found {item.found}")
+            if (routing.newer_than_tested and versions.strict_mode() == "drift"
+                    and report.affecting and not routing.forced):
                 raise UnsupportedVllmVersionError(
                     versions.strict_drift_message(text, routing.era, report.affecting_lines()))
-            versions.warn_newer_once(
-                text, routing, summary + " (`vllm-compat doctor --drift`)", stacklevel=5)
+            if routing.newer_than_tested:
+                versions.warn_newer_once(
+                    text, routing, summary + " (`vllm-compat doctor --drift`)", stacklevel=5)
         base = versions.base_version(v)
         info = VllmInfo(
             version=text, base_version=str(base), is_prerelease=v.is_prerelease or v.is_devrelease,
             local=v.local, era=routing.era.name, era_summary=routing.era.summary,
             routing=routing.reason, newer_than_tested=routing.newer_than_tested,
             runner=_default_runner(base, probes), probes=probes,
-            disagreeing_probes=routing.disagreeing, drift=summary,
+            disagreeing_probes=routing.disagreeing, drift=summary, drifted=drifted,
         )
         _cached = (info, module)
         return _cached

@@ -1,7 +1,7 @@
 """The drift report: the installed vLLM against the declared surface and the stored snapshot
 of the nearest tested release (pure Python: never imports vLLM).
 
-Inputs are what the resolver read from the installed vLLM (``adapters._resolve.survey()`` and
+Inputs are what the resolver read from the installed vLLM (``resolve.survey()`` and
 ``probe_values()``); :func:`compare` turns them into :class:`DriftItem` s, each naming the
 capability it affects and whether it breaks it (``affects``). ``vllm-compat doctor --drift``
 prints the report and exits non-zero when an item affects a capability; the snapshots of the
@@ -18,14 +18,16 @@ from typing import Any, Mapping
 
 from packaging.version import Version
 
-from . import surface, versions
+from . import aliases, surface, versions
 
-SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"  # shipped with the package
+SNAPSHOTS = versions.SNAPSHOTS  # shipped with the package
 
 # The kinds of drift, and what each means for a capability.
 KINDS: dict[str, str] = {
     "missing": "a symbol vllm_compat uses is at none of its known places and a search did not find it",
     "moved": "a symbol is somewhere else than this release should have it; vllm_compat uses it there",
+    "aliased": "a symbol is missing under its name; a declared alias names its successor, which "
+               "took the same call and is used (drift resolved by alias)",
     "new_required_param": "a callable requires a parameter vllm_compat does not pass",
     "removed_param": "a callable no longer takes a parameter vllm_compat passes",
     "returns_changed": "a callable returns another type than vllm_compat relies on",
@@ -36,6 +38,8 @@ KINDS: dict[str, str] = {
     "appeared": "a symbol the nearest tested release lacked is here",
     "params_added": "a callable has parameters the nearest tested release lacked",
     "params_removed": "a callable lost parameters vllm_compat does not pass",
+    "param_now_required": "a parameter that was optional on the nearest tested release is required",
+    "type_changed": "a field of a class vllm_compat builds or reads back changed its declared type",
     "return_annotation_changed": "a callable's return annotation differs from the nearest tested release",
 }
 
@@ -149,17 +153,29 @@ def _declared_items(key: str, row: Mapping[str, Any]) -> list[DriftItem]:
     s = surface.BY_KEY[key]
     cap = s.capability
     expected_at = row.get("expected_at") or key
+    if s.parent is not None and expected_at == key:
+        expected_at = f"{s.parent} to have '{s.member}'"
     items: list[DriftItem] = []
     status = row.get("status")
+    # a symbol vllm_compat does not call (direct=False) is reported, never affects
+    direct = s.direct
     if status == "missing":
-        items.append(DriftItem("missing", key, cap, expected_at,
-                               row.get("missing") or "not found", True, s.workaround
-                               if "{param}" not in s.workaround else ""))
+        candidates = list(row.get("candidates") or ())
+        found = row.get("missing") or "not found"
+        workaround = s.workaround if "{param}" not in s.workaround else ""
+        if candidates:
+            found += "; candidates with a compatible signature: " + ", ".join(candidates)
+            workaround = alias_hint(s.member, candidates[0]) if direct else ""
+        items.append(DriftItem("missing", key, cap, expected_at, found, direct, workaround))
     elif status == "moved":
         items.append(DriftItem("moved", key, cap, expected_at,
                                f"{row.get('at')} ({row.get('how', 'searched')}; used there)", False))
+    elif status == "aliased":
+        items.append(DriftItem("aliased", key, cap, expected_at,
+                               f"{row.get('at')} (resolved by alias {row.get('alias')}; same "
+                               "signature checked; used there)", False))
     new_required = list(row.get("new_required") or ())
-    if new_required:
+    if new_required and direct:
         given = list(s.passes) + [f"{p} where accepted" for p in s.passes_if_accepted]
         items.append(DriftItem(
             "new_required_param", key, cap,
@@ -168,12 +184,12 @@ def _declared_items(key: str, row: Mapping[str, Any]) -> list[DriftItem]:
             "new required parameter(s) " + ", ".join(repr(p) for p in new_required), True,
             s.workaround.replace("{param}", new_required[0]) if s.workaround else ""))
     removed = list(row.get("removed") or ())
-    if removed:
+    if removed and direct:
         items.append(DriftItem("removed_param", key, cap,
                                "accepts " + ", ".join(repr(p) for p in removed),
                                "parameter(s) " + ", ".join(repr(p) for p in removed) + " removed",
                                True))
-    if row.get("contract"):
+    if row.get("contract") and direct:
         expected = {"hash_fn": "get_hash_fn_by_name(name) returns a function that returns bytes"}
         items.append(DriftItem("returns_changed", key, cap, expected.get(s.returns or "", "?"),
                                str(row["contract"]), True))
@@ -188,15 +204,15 @@ def _snapshot_items(key: str, now: Mapping[str, Any], then: Mapping[str, Any] | 
     cap = _capability(key)
     kinds = {i.kind for i in declared}
     items: list[DriftItem] = []
-    was = then.get("status") in ("present", "moved")
-    is_ = now.get("status") in ("present", "moved")
+    was = then.get("status") in ("present", "moved", "aliased")
+    is_ = now.get("status") in ("present", "moved", "aliased")
     if was and not is_ and "missing" not in kinds:
         items.append(DriftItem("gone", key, cap, f"{then.get('at')} (as in {release})",
                                "not found", False))
     elif is_ and not was:
         items.append(DriftItem("appeared", key, cap, f"absent (as in {release})",
                                str(now.get("at")), False))
-    elif was and is_ and then.get("at") != now.get("at") and "moved" not in kinds:
+    elif was and is_ and then.get("at") != now.get("at") and not {"moved", "aliased"} & kinds:
         items.append(DriftItem("moved", key, cap, f"{then.get('at')} (as in {release})",
                                str(now.get("at")), False))
     p_then, p_now = then.get("params"), now.get("params")
@@ -211,11 +227,35 @@ def _snapshot_items(key: str, now: Mapping[str, Any], then: Mapping[str, Any] | 
         if dropped:
             items.append(DriftItem("params_removed", key, cap, f"the parameters of {release}",
                                    "removed parameter(s) " + ", ".join(dropped), False))
+        # passed where accepted, or not passed at all: vllm_compat copes or the declared
+        # check above named it (new_required)
+        hardened = [n for n in p_now if n in p_then and p_now[n] and not p_then[n]
+                    and n not in flagged]
+        if hardened:
+            items.append(DriftItem("param_now_required", key, cap,
+                                   f"{', '.join(hardened)} optional (as in {release})",
+                                   f"{', '.join(hardened)} required", False))
+    f_then, f_now = then.get("fields"), now.get("fields")
+    if isinstance(f_then, dict) and isinstance(f_now, dict):
+        for name, was_type in f_then.items():
+            if name in f_now and f_now[name] != was_type:
+                items.append(DriftItem("type_changed", key, cap,
+                                       f"{name}: {was_type or 'no such field'} (as in {release})",
+                                       f"{name}: {f_now[name] or 'no such field'}", False))
     if was and is_ and then.get("returns") != now.get("returns"):
         items.append(DriftItem("return_annotation_changed", key, cap,
                                f"-> {then.get('returns')} (as in {release})",
                                f"-> {now.get('returns')}", False))
     return items
+
+
+def alias_hint(member: str, candidate: str) -> str:
+    """The way out of a missing symbol with a successor candidate (``module:Class.name(...)``):
+    declare it as an alias, which the resolver checks before it uses it."""
+    new = candidate.split("(")[0].rpartition(".")[2].rpartition(":")[2]
+    return (f"if {new} is the successor of {member}, declare it: "
+            f"{aliases.ENV}='{member}={new}' or vllm_compat.alias({member}={new!r}) "
+            "(checked, then used and reported as drift resolved by alias)")
 
 
 def _probe_items(probes: Mapping[str, bool | None], era: versions.Era,
@@ -225,6 +265,8 @@ def _probe_items(probes: Mapping[str, bool | None], era: versions.Era,
         value = probes.get(p.name)
         what = f"probe {p.name}"
         if value is None:
+            if then is not None and p.name in then and then[p.name] is None:
+                continue  # the nearest tested release could not tell either: nothing changed
             items.append(DriftItem(
                 "probe_unknown", what, p.capability,
                 f"a yes/no answer ({p.meaning})" if p.meaning else "a yes/no answer",

@@ -71,6 +71,11 @@ class ReturnTypeDriftError(VllmDriftError, TypeError):
     """A vLLM callable returned another type than the one vllm_compat relies on."""
 
 
+class RejectedAliasError(VllmDriftError, AttributeError):
+    """A declared alias (``VLLM_COMPAT_ALIASES`` / ``vllm_compat.alias``) names nothing, or
+    something that does not take the call vllm_compat makes: it is not used."""
+
+
 class StaleBlockHasherError(VllmCompatError, RuntimeError):
     """vLLM's process-global ``NONE_HASH`` changed after this hasher was built.
 

@@ -67,6 +67,9 @@ class StepPipeline:
                  between: Callable[[Any], Any] | None = None) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
+        # every step method resolved now, before the first schedule(): a drifted executor is
+        # refused here, never between a scheduled step and its output
+        adapter().check_step_target(executor)
         self.scheduler = scheduler
         self.executor = executor
         self.depth = depth

@@ -3,10 +3,16 @@
 Every vLLM module attribute, class, method and signature that the adapters and the live-engine
 drivers (``vllm_compat.runtime``) touch is one :class:`Symbol`: the capability it serves, where
 it lived in the tested releases, and the signature facts the calling code relies on (the
-parameters it passes, the ones it passes only where they exist). ``adapters/_resolve.py``
+parameters it passes, the ones it passes only where they exist). ``resolve.py``
 resolves symbols from this table (at a known location, or by searching the listed packages
 when vLLM moved one), and ``vllm-compat doctor --drift`` checks the installed vLLM against it
 and against the stored snapshot of the nearest tested release (``vllm_compat/snapshots/``).
+
+Beyond what vllm_compat calls, the surface lists what an adapter author must know even where
+vllm_compat does not call it (``direct=False``: vLLM's block-hash functions, the engine's
+hash-function choice): a change there is reported, never refused. For the classes vllm_compat
+builds for vLLM or reads back from it, ``fields`` names the fields whose *types* the snapshots
+record, so a changed type shows in the report instead of as vLLM's own exception in a step.
 
 Release bounds are tested releases (``matrix/releases.toml``): ``since`` is the first one where
 vllm_compat uses the symbol, ``until`` the last; outside them the symbol is neither required nor
@@ -70,7 +76,12 @@ class Symbol:
     passes: tuple[str, ...] = ()
     passes_if_accepted: tuple[str, ...] = ()
     called: bool = False  # called with no argument (checked: it must not require one)
-    returns: str | None = None  # a return contract checked by the resolver (see _resolve)
+    returns: str | None = None  # a return contract checked by the resolver (see resolve)
+    # fields of a class vllm_compat builds or reads back, whose types the snapshots record
+    fields: tuple[str, ...] = ()
+    # False: vllm_compat never calls it (vLLM's own machinery behind a capability); a change
+    # is reported for adapter authors and affects no capability
+    direct: bool = True
     workaround: str = ""  # "{param}" is replaced by the new required parameter
     used_by: str = ""  # the vllm_compat code that uses it
 
@@ -113,6 +124,19 @@ SYMBOLS: tuple[Symbol, ...] = (
     Symbol("get_request_block_hasher", "hashing", (_loc(KCU, "get_request_block_hasher"),),
            search=HASH_SEARCH, positional=2, passes_if_accepted=("num_hash_lookahead_tokens",),
            used_by="make_block_hasher"),
+    # vLLM's block-hash functions behind get_request_block_hasher (every release)
+    Symbol("hash_block_tokens", "hashing", (_loc(KCU, "hash_block_tokens"),), search=HASH_SEARCH,
+           direct=False, used_by="vLLM's request block hasher (one hash per full block)"),
+    Symbol("generate_block_hash_extra_keys", "hashing",
+           (_loc(KCU, "generate_block_hash_extra_keys"),), search=HASH_SEARCH, direct=False,
+           used_by="vLLM's request block hasher (multi-modal, LoRA, cache_salt keys)"),
+    # the engine's hash-function choice: EngineCore.__init__ builds its request hasher from
+    # get_hash_fn_by_name(cache_config.prefix_caching_hash_algo) (probe engine_hash_algo)
+    Symbol("EngineCore", "hashing", (_loc("vllm.v1.engine.core", "EngineCore"),), kind="class",
+           search=("vllm.v1.engine",), direct=False,
+           used_by="the engine's request hasher (what block_hasher_for must equal)"),
+    _member("EngineCore.__init__", "hashing", direct=False,
+            used_by="probe engine_hash_algo"),
     # 0.11 moved the hash helpers from vllm.utils to vllm.utils.hashing
     Symbol("get_hash_fn_by_name", "hashing",
            (_loc("vllm.utils", "get_hash_fn_by_name", until="0.10.2"),
@@ -125,6 +149,7 @@ SYMBOLS: tuple[Symbol, ...] = (
     # ------------------------------------------------------------------ requests
     Symbol("Request", "requests", (_loc("vllm.v1.request", "Request"),), kind="class",
            search=("vllm.v1",),
+           fields=("block_hashes", "num_computed_tokens", "num_prompt_tokens", "status"),
            passes=("request_id", "prompt_token_ids", "sampling_params", "pooling_params",
                    "block_hasher"),
            # eos_token_id through 0.16, structured_output_request in 0.10 (the era modules)
@@ -160,6 +185,7 @@ SYMBOLS: tuple[Symbol, ...] = (
            used_by="make_vllm_config"),
     Symbol("CacheConfig", "scheduler", (_loc("vllm.config", "CacheConfig"),), kind="class",
            passes_if_accepted=("block_size", "enable_prefix_caching", "prefix_caching_hash_algo"),
+           fields=("block_size", "enable_prefix_caching", "prefix_caching_hash_algo"),
            used_by="make_vllm_config"),
     Symbol("SchedulerConfig", "scheduler", (_loc("vllm.config", "SchedulerConfig"),), kind="class",
            passes_if_accepted=("max_num_seqs", "max_num_batched_tokens", "max_model_len",
@@ -186,6 +212,16 @@ SYMBOLS: tuple[Symbol, ...] = (
     _member("Scheduler.schedule", "scheduler", passes_if_accepted=("throttle_prefills",),
             used_by="schedule"),
     _member("Scheduler.update_from_output", "scheduler", positional=2, used_by="update_from_output"),
+    # what schedule() and update_from_output() hand back, read by StepPipeline and callers
+    Symbol("SchedulerOutput", "scheduler", (_loc("vllm.v1.core.sched.output", "SchedulerOutput"),),
+           kind="class", search=("vllm.v1.core",), optional=True,
+           fields=("scheduled_new_reqs", "num_scheduled_tokens", "total_num_scheduled_tokens",
+                   "finished_req_ids"),
+           used_by="StepPipeline (what schedule() returns)"),
+    Symbol("EngineCoreOutput", "scheduler", (_loc("vllm.v1.engine", "EngineCoreOutput"),),
+           kind="class", search=("vllm.v1.engine",), optional=True,
+           fields=("request_id", "new_token_ids", "finish_reason"),
+           used_by="update_from_output's result (read by callers)"),
     _member("Scheduler.add_request", "scheduler", positional=1, used_by="the scheduler drivers"),
     _member("Scheduler.get_num_unfinished_requests", "scheduler", called=True, used_by="StepPipeline"),
     _member("Scheduler.has_unfinished_requests", "scheduler", called=True, used_by="StepPipeline, extraction"),
@@ -202,10 +238,12 @@ SYMBOLS: tuple[Symbol, ...] = (
            kind="class", search=("vllm.v1",),
            passes=("block_size", "num_kv_heads", "head_size", "dtype"),
            passes_if_accepted=("use_mla",),  # a required field in 0.10.2 only
+           fields=("block_size", "num_kv_heads", "head_size", "dtype"),
            used_by="make_kv_cache_config"),
     Symbol("KVCacheConfig", "scheduler", (_loc("vllm.v1.kv_cache_interface", "KVCacheConfig"),),
            kind="class", search=("vllm.v1",),
            passes=("num_blocks", "kv_cache_tensors", "kv_cache_groups"),
+           fields=("num_blocks", "kv_cache_tensors", "kv_cache_groups"),
            used_by="make_kv_cache_config"),
     Symbol("KVCacheGroupSpec", "scheduler", (_loc("vllm.v1.kv_cache_interface",
                                                   "KVCacheGroupSpec"),),
@@ -227,6 +265,8 @@ SYMBOLS: tuple[Symbol, ...] = (
            passes=("req_ids", "req_id_to_index", "sampled_token_ids"),
            # no defaults in 0.10-0.13
            passes_if_accepted=("logprobs", "prompt_logprobs_dict", "pooler_output"),
+           fields=("req_ids", "req_id_to_index", "sampled_token_ids", "logprobs",
+                   "prompt_logprobs_dict", "pooler_output"),
            used_by="make_model_runner_output, update_from_output"),
     Symbol("AsyncModelRunnerOutput", "model-step", (_loc("vllm.v1.outputs",
                                                          "AsyncModelRunnerOutput"),),
@@ -239,6 +279,15 @@ SYMBOLS: tuple[Symbol, ...] = (
             used_by="run_model_step, StepPipeline"),
     _member("Executor.execute_model", "model-step", positional=1,
             used_by="run_model_step, StepPipeline"),
+    # the objects run_model_step is handed: the same two-phase methods on workers and runners
+    Symbol("Worker", "model-step", (_loc("vllm.v1.worker.gpu_worker", "Worker"),), kind="class",
+           search=("vllm.v1.worker",), direct=False, used_by="run_model_step (a Worker target)"),
+    _member("Worker.execute_model", "model-step", positional=1, direct=False,
+            used_by="run_model_step (a Worker target)"),
+    _member("Worker.sample_tokens", "model-step", since="0.11.2", positional=1, direct=False,
+            used_by="run_model_step (a Worker target)"),
+    _member("GPUModelRunner.sample_tokens", "model-step", since="0.11.2", positional=1,
+            direct=False, used_by="run_model_step (a model runner target)"),
     _member("Executor.collective_rpc", "model-step", positional=1,
             passes=("timeout", "args", "kwargs"), used_by="collective_rpc"),
     Symbol("vllm.v1.worker.gpu.model_runner", "model-step",
@@ -283,6 +332,20 @@ SYMBOLS: tuple[Symbol, ...] = (
     Symbol("DeepseekV2ForCausalLM", "extraction",
            (_loc("vllm.model_executor.models.deepseek_v2", "DeepseekV2ForCausalLM"),),
            kind="class", optional=True, used_by="capture plan (MLA models)"),
+    Symbol("DeepseekV2Model", "extraction",
+           (_loc("vllm.model_executor.models.deepseek_v2", "DeepseekV2Model"),),
+           kind="class", optional=True, used_by="aux capture (probe deepseek_aux_final_state)"),
+    _member("DeepseekV2Model.forward", "extraction", optional=True, direct=False,
+            used_by="probe deepseek_aux_final_state"),
+    # where vLLM decides a multimodal model without a tokenizer runs text-only (0.21 in
+    # MultiModalRegistry, later in ModelConfig): probe text_only_without_tokenizer
+    Symbol("MultiModalRegistry", "engine",
+           (_loc("vllm.multimodal.registry", "MultiModalRegistry"),), kind="class",
+           optional=True, direct=False, used_by="probe text_only_without_tokenizer"),
+    _member("MultiModalRegistry.supports_multimodal_inputs", "engine", optional=True,
+            direct=False, used_by="probe text_only_without_tokenizer"),
+    _member("ModelConfig._supports_multimodal_inputs", "engine", optional=True, direct=False,
+            used_by="probe text_only_without_tokenizer"),
     # 0.15.0 added Kimi-K2.5 (vllm#33131); its language model is a DeepseekV2ForCausalLM
     Symbol("KimiK25ForConditionalGeneration", "extraction",
            (_loc("vllm.model_executor.models.kimi_k25", "KimiK25ForConditionalGeneration",
@@ -335,6 +398,8 @@ class Probe:
     anchor: str | None = None
     era_defining: bool = False
     meaning: str = ""
+    # other symbols read with the same test (where vLLM moved the code): yes when any says yes
+    alternates: tuple[str, ...] = ()
 
 
 PROBES: tuple[Probe, ...] = (
@@ -363,6 +428,17 @@ PROBES: tuple[Probe, ...] = (
           anchor=None, meaning="0.12+"),
     Probe("native_extract_hidden_states", "extraction", CONNECTOR, anchor=None,
           meaning="0.17.1+"),
+    # vllm#46973 (0.25.0): DeepseekV2Model also captures hidden_states + residual at
+    # end_layer, after its loop, so its aux path returns the final state L
+    Probe("deepseek_aux_final_state", "extraction", "DeepseekV2Model.forward",
+          "source:self.end_layer in self.aux_hidden_state_layers", meaning="0.25+"),
+    # 0.21: a multimodal model whose processing info needs a tokenizer starts text-only
+    # without one (the error is caught); 0.15-0.20 fail the engine start
+    Probe("text_only_without_tokenizer", "engine", "MultiModalRegistry.supports_multimodal_inputs",
+          "source:treated as multimodal but has no registered",
+          alternates=("ModelConfig._supports_multimodal_inputs",), meaning="0.21+"),
+    Probe("engine_hash_algo", "hashing", "EngineCore.__init__", "source:prefix_caching_hash_algo",
+          meaning="the engine hashes blocks with cache_config.prefix_caching_hash_algo (every release)"),
 )
 
 PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in PROBES}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -67,9 +68,21 @@ ERAS: tuple[Era, ...] = (
 )
 ERAS_BY_NAME = {e.name: e for e in ERAS}
 OLDEST_SUPPORTED = ERAS[0].first
+# The tested releases are the ones with a stored snapshot (shipped in the package; the matrix,
+# matrix/releases.toml, writes one per release): a release without API change is added by its
+# snapshot and its line in that table, nothing here.
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+
+
+def tested_releases() -> tuple[Version, ...]:
+    """Every tested release, oldest first (one snapshot each)."""
+    return tuple(sorted(Version(p.stem) for p in SNAPSHOTS.glob("*.json")))
+
+
 # Newest release the matrix has run; a later base version still gets the newest adapter, with a warning.
-NEWEST_TESTED = Version("0.33.0")
-NEWEST_TESTED_SERIES = Version("0.34.0")  # anything below this is 0.33.x or older
+NEWEST_TESTED = tested_releases()[-1] if tested_releases() else OLDEST_SUPPORTED
+# anything below this is a release of the newest tested series or older
+NEWEST_TESTED_SERIES = Version(f"{NEWEST_TESTED.major}.{NEWEST_TESTED.minor + 1}.0")
 
 _warned_newer: set[str] = set()
 

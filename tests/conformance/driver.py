@@ -11,9 +11,51 @@ from dataclasses import dataclass, field
 
 import vllm_compat as vc
 
+from . import reference
 from .oracle import oracle_fn
 
 FAKE_TOKEN = 7  # any id that is not eos (2) in the tiny config
+BLOCK = 16
+
+
+def tokens(n: int, start: int = 100) -> list[int]:
+    return [10 + (start + i) % 1000 for i in range(n)]
+
+
+def sp(max_tokens: int):
+    """The user's own SamplingParams (test-side)."""
+    return reference.sampling_params(max_tokens=max_tokens, temperature=0.0)
+
+
+class SecondPhaseByAlias:
+    """A stand-in worker's second phase under the name the user declared for vLLM's
+    (``VLLM_COMPAT_ALIASES=sample_tokens=<new>``): a build that renamed it calls the worker by
+    the new name, as its real workers would have it."""
+
+    def __getattr__(self, name: str):
+        from vllm_compat import aliases
+
+        if name != "sample_tokens" and aliases.current().get("sample_tokens") == name:
+            return self.sample_tokens
+        raise AttributeError(name)
+
+
+def real_executor(worker):
+    """vLLM's UniProcExecutor around ``worker``; __init__ (which loads a model) skipped."""
+    ex = object.__new__(reference.uniproc_executor_class())
+    ex.driver_worker = worker
+    return ex
+
+
+def make_async(output):
+    class Pending(reference.async_model_runner_output_class()):  # what async scheduling hands back
+        def get_output(self):
+            return output
+
+        def get_kv_connector_output(self):  # abstract from 0.33 (salvages KV output on failure)
+            return getattr(output, "kv_connector_output", None)
+
+    return Pending()
 
 
 @dataclass

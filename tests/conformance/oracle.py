@@ -9,12 +9,17 @@ test's, not the library's: wrapped in :func:`oracle`, it is reported as an expec
 Only when the build did drift: on an installed vLLM with no drift at all (every tested
 release), the oracle must work, and its failure fails the test. A ``VllmCompatError`` raised
 inside is vllm_compat's and always fails.
+
+In a child process (a fresh-process probe, run with :func:`child_main`) there is no test to
+mark: the failure is printed as ``RESULT {"oracle_error": ...}`` and the parent test, through
+:func:`check_child`, reports it the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import pytest
@@ -43,13 +48,46 @@ def build_drift() -> str | None:
     return _drift_reason[0]
 
 
+class OracleFailure(Exception):
+    """The oracle failed in a child process; the parent test decides (see :func:`check_child`)."""
+
+
+_in_child: list[bool] = [False]
+
+
 def oracle_failed(what: str, exc: BaseException) -> NoReturn:
-    if isinstance(exc, VllmCompatError):
+    if isinstance(exc, (VllmCompatError, OracleFailure)):
         raise exc
+    message = f"{what} raised {type(exc).__name__}: {exc}"
+    if _in_child[0]:
+        raise OracleFailure(message) from exc
+    outdated(message, exc)
+
+
+def outdated(message: str, exc: BaseException | None = None) -> NoReturn:
+    """Report an oracle failure: expected on a drifted build, a test failure otherwise."""
     why = build_drift()
     if why is None:
-        raise exc
-    pytest.xfail(f"{ORACLE_OUTDATED}: {what} raised {type(exc).__name__}: {exc} ({why})")
+        if exc is not None:
+            raise exc
+        raise AssertionError(f"the oracle failed on a build without drift: {message}")
+    pytest.xfail(f"{ORACLE_OUTDATED}: {message} ({why})")
+
+
+def child_main(main: Callable[[], None]) -> None:
+    """Run a fresh-process probe: an oracle failure inside becomes ``RESULT {"oracle_error"}``."""
+    _in_child[0] = True
+    try:
+        main()
+    except OracleFailure as exc:
+        print("RESULT " + json.dumps({"oracle_error": str(exc)}))
+
+
+def check_child(result: dict[str, Any]) -> dict[str, Any]:
+    """A child's result, once its oracle is known to have worked (else reported as outdated)."""
+    if "oracle_error" in result:
+        outdated(f"in a child process: {result['oracle_error']}")
+    return result
 
 
 @contextlib.contextmanager

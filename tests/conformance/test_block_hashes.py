@@ -18,7 +18,8 @@ import vllm_compat as vc
 from vllm_compat.errors import StaleBlockHasherError, VllmCompatError
 
 from .engine_path import engine_request, hash_fn
-from .oracle import oracle, oracle_failed
+from . import reference
+from .oracle import oracle_failed, outdated
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,23 +71,16 @@ def test_unknown_algorithm_is_a_clear_error():
 
 def test_reinit_by_someone_else_makes_old_hasher_refuse():
     h = vc.make_block_hasher(16, "sha256")
-    from vllm.v1.core import kv_cache_utils as kcu
-
-    with oracle("reading vLLM's NONE_HASH from kv_cache_utils"):
-        before = kcu.NONE_HASH
     engine_root = b"\x01" * 32
-    kcu.NONE_HASH = engine_root  # what an in-process EngineCore's init_none_hash does
-    try:
+    with reference.engine_none_hash(engine_root):  # what an in-process EngineCore does
         with pytest.raises(StaleBlockHasherError, match="re-initialised"):
             vc.make_request("r", list(range(40)), block_hasher=h)
         # A new hasher adopts the engine's root instead of re-seeding under it.
         fresh = vc.make_block_hasher(16, "sha256")
-        assert fresh.none_hash == engine_root and kcu.NONE_HASH == engine_root
+        assert fresh.none_hash == engine_root and reference.none_hash() == engine_root
         tokens = list(range(40))
         assert (vc.make_request("r", tokens, block_hasher=fresh).block_hashes
                 == engine_request("sha256", 16, tokens, init=False).block_hashes)
-    finally:
-        kcu.NONE_HASH = before
 
 
 def test_switching_algorithm_reinitialises_and_old_hashers_refuse():
@@ -165,13 +159,10 @@ def test_none_hash_seeding_rules_across_processes(fresh_processes, info):
         # <= 0.28: NONE_HASH = os.urandom(32) per process without PYTHONHASHSEED.
         assert a != b
         seed = None
-    from vllm.v1.core import kv_cache_utils as kcu
-
     fn = hash_fn("sha256")
     tokens = list(range(100, 116))
-    with oracle("vLLM's hash_block_tokens"):
-        seeded_first = kcu.hash_block_tokens(fn, fn("1234"), tokens, None)
-        seeded_root = kcu.hash_block_tokens(fn, fn(seed), tokens, None) if seed else None
+    seeded_first = reference.hash_block_tokens(fn, fn("1234"), tokens, None)
+    seeded_root = reference.hash_block_tokens(fn, fn(seed), tokens, None) if seed else None
     assert fresh_processes["seeded"]["ours"][0] == seeded_first.hex()  # PYTHONHASHSEED wins
     if seed is not None:
         assert a[0] == seeded_root.hex()
@@ -185,9 +176,9 @@ def test_fresh_process_asking_for_a_hasher_first_works(fresh_processes):
 
 def test_raw_hashing_without_init_none_hash_fails(fresh_processes):
     # vLLM's hasher reads the NONE_HASH global, which does not exist until init_none_hash.
+    # Which exception vLLM raises for it is vLLM's business: the test asks only that the raw
+    # path gives no hashes where vllm_compat's does.
     r = fresh_processes["seeded"]
-    if "NONE_HASH" in r.get("error", "") and not r["error"].startswith("NameError"):
-        # still fails for want of NONE_HASH, as another error: the expectation is the oracle's
-        oracle_failed("raw hashing before init_none_hash (expected a NameError)",
-                      RuntimeError(r["error"]))
-    assert r.get("error", "").startswith("NameError") and "NONE_HASH" in r["error"], r
+    if "error" not in r:  # vLLM hashes without init_none_hash now: the premise is outdated
+        outdated(f"raw hashing before init_none_hash gave hashes {r.get('raw_without_init')}")
+    assert "raw_without_init" not in r and len(r["ours"]) == 3, r

@@ -7,35 +7,36 @@ longer prove anything, so they assert the failure, not just "something happened"
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 from packaging.version import Version
 
 import vllm_compat as vc
 
-from .driver import Run, run_until_done
-from .oracle import oracle_fn
-from .test_scheduler import BLOCK, sp, tokens
+from . import reference
+from .driver import BLOCK, Run, run_until_done, sp, tokens
+from .oracle import oracle
 
 
-@oracle_fn("a raw vLLM Request (test_missing_hasher.raw_request)")
 def raw_request(rid: str, ids: list[int]):
     """What fork code does: construct vLLM's Request directly, with no block hasher."""
-    from vllm.v1.request import Request
-
-    kw = dict(request_id=rid, prompt_token_ids=ids, sampling_params=sp(4), pooling_params=None)
-    if "eos_token_id" in inspect.signature(Request.__init__).parameters:  # removed in 0.17
-        kw["eos_token_id"] = 2
-    return Request(**kw)
+    return reference.raw_request(request_id=rid, prompt_token_ids=ids, sampling_params=sp(4),
+                                 pooling_params=None)
 
 
 def expected_raw_failure(v: Version):
-    if v < Version("0.26.0"):
-        return AssertionError  # assert len(request.block_hashes) >= num_full_blocks
-    if v < Version("0.33.0"):
-        return IndexError  # new_block_hashes[i] out of range
-    return None  # 0.33: cache_blocks clamps to the hashes it has -> silently never cached
+    """Whether raw vLLM fails on a hasher-less request with prefix caching (what it raises
+    is vLLM's business: where it was seen, in the comments)."""
+    # < 0.26: AssertionError (assert len(request.block_hashes) >= num_full_blocks);
+    # 0.26-0.32: IndexError (new_block_hashes[i] out of range)
+    return v < Version("0.33.0")  # 0.33: cache_blocks clamps -> silently never cached
+
+
+def _raw_failure_in_prefix_caching(info) -> None:
+    # where it fails is the oracle's knowledge of vLLM: checked, and on a drifted build
+    # reported as outdated instead of failing
+    with oracle("the raw failure's place in vLLM (block_pool.cache_full_blocks)"):
+        frames = [(e.path.name, e.name) for e in info.traceback]
+        assert ("block_pool.py", "cache_full_blocks") in frames
 
 
 @pytest.fixture
@@ -47,17 +48,16 @@ def sched(model_dir):
 
 def test_raw_request_without_hasher_fails_as_upstream(sched, vllm_version):
     sched.add_request(raw_request("a", tokens(62)))
-    exc = expected_raw_failure(vllm_version)
-    if exc is None:
+    if not expected_raw_failure(vllm_version):
         run = run_until_done(sched)
         sched.add_request(raw_request("b", tokens(62)))
         run_until_done(sched, run)
         assert run.first_computed["b"] == 0, "0.33+: hasher-less requests are never cached"
         return
-    with pytest.raises(exc) as info:
+    with pytest.raises(Exception) as info:
         run_until_done(sched)
-    frames = [(e.path.name, e.name) for e in info.traceback]
-    assert ("block_pool.py", "cache_full_blocks") in frames
+    assert not isinstance(info.value, vc.VllmCompatError)
+    _raw_failure_in_prefix_caching(info)
 
 
 def test_same_scenario_through_vllm_compat_passes(sched):
@@ -92,9 +92,9 @@ def test_explicit_opt_out_reproduces_the_upstream_behaviour(sched, vllm_version)
     req = vc.make_request("a", tokens(62), sampling_params=sp(4), block_hasher=None)
     assert req.block_hashes == []
     sched.add_request(req)
-    exc = expected_raw_failure(vllm_version)
-    if exc is None:
+    if not expected_raw_failure(vllm_version):
         run_until_done(sched)
     else:
-        with pytest.raises(exc):
+        with pytest.raises(Exception) as info:
             run_until_done(sched)
+        _raw_failure_in_prefix_caching(info)

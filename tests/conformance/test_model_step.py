@@ -17,39 +17,12 @@ from packaging.version import Version
 
 import vllm_compat as vc
 
-from .driver import FAKE_TOKEN
-from .test_scheduler import BLOCK, sp, tokens
+from . import reference
+from .driver import BLOCK, FAKE_TOKEN, SecondPhaseByAlias, make_async, real_executor, sp, tokens
+from .oracle import oracle
 
 
-def uniproc_executor_class():
-    try:  # 0.11+: the V1 UniProcExecutor
-        from vllm.v1.executor.uniproc_executor import UniProcExecutor
-    except ImportError:  # 0.10.2: v1.executor.abstract re-exports the V0 one
-        from vllm.v1.executor.abstract import UniProcExecutor
-    return UniProcExecutor
-
-
-def real_executor(worker):
-    """vLLM's UniProcExecutor around ``worker``; __init__ (which loads a model) skipped."""
-    ex = object.__new__(uniproc_executor_class())
-    ex.driver_worker = worker
-    return ex
-
-
-def make_async(output):
-    from vllm.v1.outputs import AsyncModelRunnerOutput
-
-    class Pending(AsyncModelRunnerOutput):  # what async scheduling hands back
-        def get_output(self):
-            return output
-
-        def get_kv_connector_output(self):  # abstract from 0.33 (salvages KV output on failure)
-            return getattr(output, "kv_connector_output", None)
-
-    return Pending()
-
-
-class StandInWorker:
+class StandInWorker(SecondPhaseByAlias):
     """Fabricates the model's output with the step contract of the installed release."""
 
     def __init__(self, scheduler, two_phase: bool, async_output: bool = False):
@@ -137,43 +110,47 @@ def test_naive_single_call_breaks_on_two_phase_releases(sched, info):
         sched.update_from_output(so, out)  # 0.10: fine
         return
     assert out is None  # 0.11+: the output only comes from sample_tokens
-    with pytest.raises((AttributeError, TypeError, AssertionError)):
+    with pytest.raises(Exception):  # vLLM's own error, whichever it is
         sched.update_from_output(so, out)
     with pytest.raises(RuntimeError, match="State error"):
         executor.execute_model(vc.schedule(sched))
 
 
 def test_real_v1_runner_has_the_state_guard(info):
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    GPUModelRunner = reference.v1_runner_class()
 
     if not two_phase(info):
         assert not hasattr(GPUModelRunner, "sample_tokens")
         return
-    assert list(inspect.signature(GPUModelRunner.sample_tokens).parameters) == ["self", "grammar_output"]
+    with oracle("the V1 runner's sample_tokens"):
+        assert list(inspect.signature(GPUModelRunner.sample_tokens).parameters) == ["self", "grammar_output"]
     runner = object.__new__(GPUModelRunner)  # no GPU: only the guard at the top runs
     runner.execute_model_state = object()
-    with pytest.raises(RuntimeError, match="State error: sample_tokens"):
+    with pytest.raises(Exception) as guard:
         runner.execute_model(None)
+    with oracle("the V1 runner's state guard message"):
+        assert "sample_tokens" in str(guard.value)
 
 
 def test_worker_and_executor_signatures(info):
-    from vllm.v1.executor.abstract import Executor
-    from vllm.v1.worker.gpu_worker import Worker
+    Executor, Worker = reference.executor_and_worker_classes()
 
-    assert "scheduler_output" in inspect.signature(Worker.execute_model).parameters
-    assert hasattr(Worker, "sample_tokens") == two_phase(info)
-    assert hasattr(Executor, "sample_tokens") == two_phase(info)
+    with oracle("vLLM's Worker and Executor step methods"):  # what vLLM names them
+        assert "scheduler_output" in inspect.signature(Worker.execute_model).parameters
+        assert hasattr(Worker, "sample_tokens") == two_phase(info)
+        assert hasattr(Executor, "sample_tokens") == two_phase(info)
 
 
 def test_v2_runner_contract_where_present(info):
     if not info.probes["model_runner_v2_available"]:
         pytest.skip("this release has no Model Runner V2 (added in 0.12)")
     try:
-        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
+        V2Runner = reference.v2_runner_class()
     except Exception as exc:  # noqa: BLE001 - its CUDA-only imports may fail on CPU
         pytest.skip(f"Model Runner V2 does not import on CPU here: {type(exc).__name__}: {exc}")
-    assert "grammar_output" in inspect.signature(V2Runner.sample_tokens).parameters
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1Runner
+    with oracle("Model Runner V2's sample_tokens"):
+        assert "grammar_output" in inspect.signature(V2Runner.sample_tokens).parameters
+    V1Runner = reference.v1_runner_class()
 
     def worker_with(runner_cls):  # a Worker's shape: .model_runner holds the real class
         return type("W", (), {"model_runner": object.__new__(runner_cls)})()
@@ -190,9 +167,7 @@ def test_collective_rpc_one_shape_on_every_release(sched, info, vllm_version):
     # Async outputs are resolved whatever the release's UniProc sync path does.
     assert vc.collective_rpc(executor, "async_value") == ["resolved"]
     raw = executor.collective_rpc("async_value")
-    from vllm.v1.outputs import AsyncModelRunnerOutput
-
     resolves = vllm_version >= Version("0.24.0")  # UniProc sync path resolves from 0.24
-    assert isinstance(raw[0], AsyncModelRunnerOutput) != resolves
+    assert isinstance(raw[0], reference.async_model_runner_output_class()) != resolves
     with pytest.raises(vc.VllmCompatError, match="rank 3 out of range"):
         vc.collective_rpc(executor, "rank", rank=3)

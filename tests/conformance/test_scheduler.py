@@ -6,19 +6,7 @@ import pytest
 
 import vllm_compat as vc
 
-from .driver import FAKE_TOKEN, Run, free_blocks, run_until_done, step
-
-BLOCK = 16
-
-
-def tokens(n: int, start: int = 100) -> list[int]:
-    return [10 + (start + i) % 1000 for i in range(n)]
-
-
-def sp(max_tokens: int):
-    from vllm import SamplingParams  # test-side: the user's own SamplingParams
-
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0)
+from .driver import BLOCK, FAKE_TOKEN, Run, free_blocks, run_until_done, sp, step, tokens
 
 
 @pytest.fixture

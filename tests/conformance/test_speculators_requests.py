@@ -26,6 +26,7 @@ import pytest
 
 import vllm_compat as vc
 
+from . import reference
 from .driver import FAKE_TOKEN, Run, free_blocks, run_until_done
 
 BLOCK = 16
@@ -41,9 +42,8 @@ def prompt(i: int, n: int) -> list[int]:
 
 
 def prefill_only_params():
-    from vllm import SamplingParams  # test-side: what speculators passed
-
-    return SamplingParams(max_tokens=1, temperature=0.0)
+    # test-side: what speculators passed
+    return reference.sampling_params(max_tokens=1, temperature=0.0)
 
 
 @pytest.fixture
@@ -132,7 +132,6 @@ def test_repeated_prompt_hits_the_cache_only_with_caching_on(make_sched):
 
 def test_abort_after_prefill_frees_everything(make_sched):
     """speculators 0.4's ending: after the last prefill, finish_requests(..., ABORTED)."""
-    from vllm.v1.request import RequestStatus
 
     sched = make_sched(False, max_num_seqs=16, max_num_batched_tokens=512)
     total = free_blocks(sched)
@@ -140,7 +139,7 @@ def test_abort_after_prefill_frees_everything(make_sched):
     index = add_prompts(sched, prompts)
     so = vc.schedule(sched)
     assert dict(so.num_scheduled_tokens) == {r: LENGTHS[i] for r, i in index.items()}
-    sched.finish_requests(list(index), RequestStatus.FINISHED_ABORTED)
+    sched.finish_requests(list(index), reference.request_status("FINISHED_ABORTED"))
     assert not sched.has_unfinished_requests()
     vc.schedule(sched)
     assert free_blocks(sched) == total

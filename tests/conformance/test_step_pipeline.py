@@ -19,15 +19,14 @@ import pytest
 
 import vllm_compat as vc
 
-from .driver import FAKE_TOKEN, free_blocks
-from .test_model_step import make_async, real_executor
-from .test_scheduler import BLOCK, sp, tokens
+from .driver import (BLOCK, FAKE_TOKEN, SecondPhaseByAlias, free_blocks, make_async,
+                     real_executor, sp, tokens)
 
 BUDGET = 64  # tokens per step: the prompts below span 1 to 4 steps
 LENGTHS = (5, 17, 64, 100, 33, 150, 1, 48, 77, 20, 129, 64)
 
 
-class RunnerStandIn:
+class RunnerStandIn(SecondPhaseByAlias):
     def __init__(self, scheduler) -> None:
         self.scheduler = scheduler
         self.pending = None

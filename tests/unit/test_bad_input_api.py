@@ -19,6 +19,8 @@ import torch
 
 import vllm_compat
 from vllm_compat import versions
+
+NEWEST, NEXT = versions.NEWEST_TESTED, versions.NEWEST_TESTED_SERIES  # from the versions table
 from vllm_compat.errors import (
     InvalidLayerIdError, InvalidVllmVersionError, TargetMismatchError, UnknownAdapterError,
     UnsupportedVllmVersionError, VllmCompatError,
@@ -40,13 +42,13 @@ def _raises(exc_type, fn, *args, **kw) -> str:
 def test_too_old_version_is_refused_with_the_range_and_the_fix():
     msg = _raises(UnsupportedVllmVersionError, versions.route, "0.9.2", env={})
     assert msg == ("vLLM 0.9.2 is older than vllm_compat supports: supported range is 0.10.2 to "
-                   "0.33.0.x (newer runs with a warning); upgrade vLLM: pip install -U 'vllm>=0.10.2'")
+                   f"{NEWEST}.x (newer runs with a warning); upgrade vLLM: pip install -U 'vllm>=0.10.2'")
 
 
 def test_newer_than_tested_is_refused_under_strict():
-    msg = _raises(UnsupportedVllmVersionError, versions.route, "0.34.0", env={"VLLM_COMPAT_STRICT": "1"})
-    assert msg == ("vLLM 0.34.0 is newer than the newest release vllm_compat was tested on (0.33.0) and "
-                   "VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= 0.33.0, set "
+    msg = _raises(UnsupportedVllmVersionError, versions.route, f"{NEXT}", env={"VLLM_COMPAT_STRICT": "1"})
+    assert msg == (f"vLLM {NEXT} is newer than the newest release vllm_compat was tested on ({NEWEST}) and "
+                   f"VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= {NEWEST}, set "
                    "VLLM_COMPAT_STRICT=drift to accept it when the drift check finds nothing that "
                    "affects a capability, or unset VLLM_COMPAT_STRICT to run it with adapter 'v0_29'")
 
@@ -90,7 +92,7 @@ def _detect_fails(exc_type) -> str:
 def test_detect_refuses_an_installed_vllm_that_is_too_old(installed_vllm):
     installed_vllm("0.9.2")
     assert _detect_fails(UnsupportedVllmVersionError) == (
-        "vLLM 0.9.2 is older than vllm_compat supports: supported range is 0.10.2 to 0.33.0.x "
+        f"vLLM 0.9.2 is older than vllm_compat supports: supported range is 0.10.2 to {NEWEST}.x "
         "(newer runs with a warning); upgrade vLLM: pip install -U 'vllm>=0.10.2'")
     # the public helpers that need vLLM go through the same check
     with pytest.raises(UnsupportedVllmVersionError, match="older than vllm_compat supports"):
@@ -98,11 +100,11 @@ def test_detect_refuses_an_installed_vllm_that_is_too_old(installed_vllm):
 
 
 def test_detect_refuses_a_newer_installed_vllm_under_strict(installed_vllm, monkeypatch):
-    installed_vllm("0.40.1")
+    installed_vllm("99.0.1")
     monkeypatch.setenv("VLLM_COMPAT_STRICT", "1")
     assert _detect_fails(UnsupportedVllmVersionError) == (
-        "vLLM 0.40.1 is newer than the newest release vllm_compat was tested on (0.33.0) and "
-        "VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= 0.33.0, set "
+        f"vLLM 99.0.1 is newer than the newest release vllm_compat was tested on ({NEWEST}) and "
+        f"VLLM_COMPAT_STRICT=1 refuses untested releases: install vLLM <= {NEWEST}, set "
         "VLLM_COMPAT_STRICT=drift to accept it when the drift check finds nothing that "
         "affects a capability, or unset VLLM_COMPAT_STRICT to run it with adapter 'v0_29'")
 

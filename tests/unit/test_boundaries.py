@@ -13,12 +13,13 @@ import subprocess
 import sys
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "vllm_compat"
-VLLM_ALLOWED = ("adapters", "runtime")
+VLLM_ALLOWED = ("resolve", "adapters", "runtime")
 
 # Lowest first. A module may import modules of its own layer or of lower ones, never of a
 # higher one; the first matching prefix decides a module's layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "versions", "surface", "drift"),
+    ("errors", "versions", "surface", "aliases", "drift"),
+    ("resolve",),
     ("adapters",),
     ("detect",),
     ("hashing", "requests", "scheduling", "step", "rpc", "locking", "isolation", "target",
@@ -123,11 +124,11 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
             for a, deps in sorted(graph.items()) for b in sorted(deps) if _layer(a) < _layer(b)]
 
 
-def test_vllm_imported_only_in_adapters_and_runtime():
+def test_vllm_imported_only_in_the_resolver_adapters_and_runtime():
     offenders = {
         str(p.relative_to(SRC)): _vllm_imports(p)
         for p in SRC.rglob("*.py")
-        if p.relative_to(SRC).parts[0] not in VLLM_ALLOWED and _vllm_imports(p)
+        if _module_name(p).split(".")[0] not in VLLM_ALLOWED and _vllm_imports(p)
     }
     assert offenders == {}
 
@@ -155,7 +156,7 @@ def test_no_layer_imports_a_higher_one():
 def test_the_graph_checks_catch_a_cycle_and_an_upward_import():
     graph = {"adapters._common": {"eagle3.validate"}, "eagle3.validate": {"adapters._common"}}
     assert _cycles(graph) == [["adapters._common", "eagle3.validate", "adapters._common"]]
-    assert _upward(graph) == ["adapters._common (1) imports eagle3.validate (6)"]
+    assert _upward(graph) == ["adapters._common (2) imports eagle3.validate (7)"]
 
 
 def test_the_graph_sees_lazy_and_relative_imports():
@@ -163,11 +164,12 @@ def test_the_graph_sees_lazy_and_relative_imports():
     assert "runtime.extraction" in graph["extract.extractor"]  # lazy, inside a method
     assert "versions" in graph["detect"]                     # from . import versions
     assert "adapters" in graph["detect"]                     # from .adapters import load
+    assert "resolve" in graph["adapters._common"]            # from ..resolve import sym
 
 
 def test_every_module_imports_first_on_its_own():
     """A cycle through a package's ``__init__`` shows only in the order modules are first
-    imported: import each (but adapters/ and runtime/, which need vLLM) into a fresh
+    imported: import each (but the resolver, adapters/ and runtime/, which need vLLM) into a fresh
     ``vllm_compat``."""
     names = sorted("vllm_compat." + m if m != "__init__" else "vllm_compat"
                    for m in _known_modules() if m.split(".")[0] not in VLLM_ALLOWED)
@@ -191,15 +193,27 @@ def test_version_branches_carry_a_comment():
     """Every probe-based branch in adapters/ and runtime/ is preceded by a comment naming
     the vLLM change (a release number) behind it."""
     missing = []
-    for folder in VLLM_ALLOWED:
+    for folder in ("adapters", "runtime"):
         for path in (SRC / folder).glob("*.py"):
             lines = path.read_text().splitlines()
             for i, line in enumerate(lines):
                 s = line.strip()
-                probe = any(k in s for k in ("hasattr(", "in _params(", "in {f.name", '"ndarray"',
+                probe = any(k in s for k in ("hasattr(", "in _params(", "in {f.name", '"ndarray"', "probe(",
                                              "VLLM_VERSION"))
                 if s.startswith(("if ", "elif ")) and probe:
                     window = " ".join(lines[max(0, i - 4):i + 1])
                     if not re.search(r"#.*\b0\.\d+", window):
                         missing.append(f"{folder}/{path.name}:{i + 1}: {s}")
     assert missing == []
+
+
+TESTS = SRC.parents[1] / "tests" / "conformance"
+# the conformance suite's doors to vLLM: its reference (the oracle), the engine path it replays,
+# and the drift it injects; a test module reads vLLM only through them
+VLLM_REFERENCE = ("reference.py", "engine_path.py", "drift_inject.py")
+
+
+def test_conformance_tests_reach_vllm_only_through_the_reference():
+    offenders = {p.name: _vllm_imports(p) for p in sorted(TESTS.glob("*.py"))
+                 if p.name not in VLLM_REFERENCE and _vllm_imports(p)}
+    assert offenders == {}

@@ -212,3 +212,77 @@ def test_every_capability_and_kind_is_described():
     assert {p.capability for p in surface.PROBES} <= set(surface.CAPABILITIES)
     assert set(drift.KINDS) >= {"missing", "moved", "new_required_param", "removed_param",
                                 "returns_changed", "probe_unknown", "probe_disagrees"}
+
+
+# ----------------------------------------------------------------------------- successors, aliases, types
+
+
+def test_a_missing_member_names_its_candidates_and_the_alias_that_would_use_one():
+    live = copy.deepcopy(_snap())
+    live["surface"]["Executor.sample_tokens"] = {
+        "expected_at": None, "status": "missing", "at": None,
+        "missing": "vllm.v1.executor.abstract:Executor has no attribute 'sample_tokens'",
+        "candidates": ["vllm.v1.executor.abstract:Executor.sample_step_tokens(grammar_output, "
+                       "non_block=False)"]}
+    live["probes"]["two_phase_step"] = False
+    report = _report(live)
+    item = next(i for i in report.items if i.symbol == "Executor.sample_tokens")
+    assert (item.kind, item.capability, item.affects) == ("missing", "model-step", True)
+    assert item.expected == "Executor to have 'sample_tokens'"
+    assert item.found.endswith("; candidates with a compatible signature: vllm.v1.executor."
+                               "abstract:Executor.sample_step_tokens(grammar_output, non_block=False)")
+    assert item.workaround == (
+        "if sample_step_tokens is the successor of sample_tokens, declare it: "
+        "VLLM_COMPAT_ALIASES='sample_tokens=sample_step_tokens' or "
+        "vllm_compat.alias(sample_tokens='sample_step_tokens') (checked, then used and reported "
+        "as drift resolved by alias)")
+    assert report.capabilities == ["model-step"]
+
+
+def test_an_aliased_symbol_is_reported_as_resolved_by_alias():
+    live = copy.deepcopy(_snap())
+    live["surface"]["Executor.sample_tokens"].update(
+        status="aliased", at="vllm.v1.executor.abstract:Executor.sample_step_tokens", how="alias",
+        alias="VLLM_COMPAT_ALIASES=sample_tokens=sample_step_tokens")
+    report = _report(live)
+    assert [(i.kind, i.symbol, i.affects) for i in report.items] == [
+        ("aliased", "Executor.sample_tokens", False)]
+    assert report.items[0].found == (
+        "vllm.v1.executor.abstract:Executor.sample_step_tokens (resolved by alias "
+        "VLLM_COMPAT_ALIASES=sample_tokens=sample_step_tokens; same signature checked; used there)")
+
+
+def test_a_symbol_vllm_compat_does_not_call_never_affects_a_capability():
+    assert surface.BY_KEY["hash_block_tokens"].direct is False
+    live = copy.deepcopy(_snap())
+    live["surface"]["hash_block_tokens"]["params"]["scheme"] = True
+    row = live["surface"]["generate_block_hash_extra_keys"]
+    row.update(status="missing", at=None, missing="not found")
+    report = _report(live)
+    assert [(i.kind, i.symbol, i.affects) for i in report.items] == [
+        ("params_added", "hash_block_tokens", False),
+        ("missing", "generate_block_hash_extra_keys", False)]
+    assert report.items[0].found == "new parameter(s) scheme (required)"
+    assert report.affecting == []
+
+
+def test_a_changed_field_type_and_a_parameter_made_required_are_reported():
+    live = copy.deepcopy(_snap())
+    live["surface"]["ModelRunnerOutput"]["fields"]["sampled_token_ids"] = "list[numpy.ndarray]"
+    live["surface"]["Scheduler"]["params"]["hash_block_size"] = True
+    report = _report(live)
+    assert [(i.kind, i.symbol, i.expected, i.found, i.affects) for i in report.items] == [
+        ("param_now_required", "Scheduler", "hash_block_size optional (as in 0.33.0)",
+         "hash_block_size required", False),
+        ("type_changed", "ModelRunnerOutput", "sampled_token_ids: list[list[int]] (as in 0.33.0)",
+         "sampled_token_ids: list[numpy.ndarray]", False)]
+
+
+def test_a_probe_the_nearest_release_could_not_tell_either_is_no_drift():
+    live, snap = copy.deepcopy(_snap()), copy.deepcopy(_snap())
+    live["probes"]["text_only_without_tokenizer"] = None
+    snap["probes"]["text_only_without_tokenizer"] = None
+    report = drift.compare("0.34.0.dev1", "v0_29", live["probes"], live["surface"], snap, "0.33.0")
+    assert report.items == []
+    report = _report(live)  # against the real snapshot, which could tell
+    assert [(i.kind, i.affects) for i in report.items] == [("probe_unknown", True)]

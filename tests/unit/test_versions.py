@@ -1,6 +1,7 @@
 """Version parsing and era routing over many real-world and malformed version strings."""
 
 import warnings
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -9,6 +10,15 @@ from vllm_compat import versions
 from vllm_compat.errors import (
     InvalidVllmVersionError, UnknownAdapterError, UnsupportedVllmVersionError,
 )
+
+try:
+    import tomllib
+except ImportError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+# From the versions table (the stored snapshots), never written out: adding a release moves them.
+NEWEST, NEXT = versions.NEWEST_TESTED, versions.NEWEST_TESTED_SERIES
+RELEASES_TOML = Path(__file__).resolve().parents[2] / "matrix" / "releases.toml"
 
 # (version string, expected era) - releases, rc, dev/nightly, post, local builds.
 ROUTED = [
@@ -21,11 +31,11 @@ ROUTED = [
     ("0.20.2", "v0_17"), ("0.22.1", "v0_17"), ("0.24.0", "v0_17"), ("0.26.0", "v0_17"),
     ("0.26.0.dev0+g1234567.d20261101", "v0_17"), ("0.28.0", "v0_17"), ("v0.28.0", "v0_17"),
     ("0.29.0", "v0_29"), ("0.29.0rc2", "v0_29"), ("0.30.0", "v0_29"), ("0.32.0", "v0_29"),
-    ("0.33.0", "v0_29"), ("0.33.1.dev42+gdeadbee.cu130", "v0_29"), (" 0.33.0 ", "v0_29"),
+    (f"{NEWEST}", "v0_29"), ("0.33.1.dev42+gdeadbee.cu130", "v0_29"), (f" {NEWEST} ", "v0_29"),
 ]
 TOO_OLD = ["0.10.1", "0.10.2rc1", "0.9.2", "0.8.5.post1", "0.6.0", "0.10.1.1+cu126", "0.1"]
 GARBAGE = ["", "   ", "latest", "main", "0.x.1", "nightly-2026-11-01", "0.11.1+", "0..1", None, 11]
-NEWER = ["0.34.0", "0.34.0rc1", "0.35.0.dev5+gabc", "1.0.0", "0.40.2"]
+NEWER = [f"{NEXT}", f"{NEXT}rc1", f"{NEXT}.dev5+gabc", f"{NEXT.major}.{NEXT.minor + 6}.2", "99.0.0"]
 
 
 @pytest.mark.parametrize("text,era", ROUTED)
@@ -74,11 +84,11 @@ def test_strict_refuses_newer(text):
 
 
 def test_strict_does_not_refuse_tested():
-    assert versions.route("0.33.0", env={"VLLM_COMPAT_STRICT": "1"}).era.name == "v0_29"
+    assert versions.route(f"{NEWEST}", env={"VLLM_COMPAT_STRICT": "1"}).era.name == "v0_29"
 
 
 def test_forced_adapter_wins_even_over_version():
-    r = versions.route("0.33.0", env={"VLLM_COMPAT_ADAPTER": "v0_11"})
+    r = versions.route(f"{NEWEST}", env={"VLLM_COMPAT_ADAPTER": "v0_11"})
     assert r.era.name == "v0_11" and "forced" in r.reason
 
 
@@ -112,7 +122,7 @@ def test_missing_probe_keys_cannot_tell():
     assert r.reason == "by version (probe two_phase_step, fixed_none_hash_seed: cannot tell): 0.26.0"
 
 
-ERA_VERSIONS = {"v0_10": "0.10.2", "v0_11": "0.16.0", "v0_17": "0.26.0", "v0_29": "0.33.0"}
+ERA_VERSIONS = {"v0_10": "0.10.2", "v0_11": "0.16.0", "v0_17": "0.26.0", "v0_29": f"{NEWEST}"}
 
 
 @pytest.mark.parametrize("era", versions.ERAS, ids=lambda e: e.name)
@@ -129,7 +139,7 @@ def test_the_moved_seed_case_stays_on_the_newest_era():
     # cannot tell, and a 0.34 nightly keeps v0_29 instead of falling to v0_17.
     versions._warned_newer.clear()
     with pytest.warns(RuntimeWarning, match="using adapter 'v0_29' \\(the newest\\)"):
-        r = versions.route("0.34.0.dev43+g5d6e7f8", {"two_phase_step": True, "request_takes_eos": False,
+        r = versions.route(f"{NEXT}.dev43+g5d6e7f8", {"two_phase_step": True, "request_takes_eos": False,
                                                     "fixed_none_hash_seed": None}, env={})
     assert r.era.name == "v0_29" and r.newer_than_tested and r.unknown == ("fixed_none_hash_seed",)
 
@@ -155,7 +165,7 @@ def test_probes_that_match_no_era_keep_the_version():
 def test_a_newer_build_is_never_routed_below_the_newest_era_by_probes(era):
     versions._warned_newer.clear()
     with pytest.warns(RuntimeWarning, match="using adapter 'v0_29'"):
-        r = versions.route("0.34.0.dev42+g1a2b3c4", era.signature, env={})
+        r = versions.route(f"{NEXT}.dev42+g1a2b3c4", era.signature, env={})
     assert r.era.name == "v0_29" and r.newer_than_tested
     newest = versions.ERAS[-1].signature
     disagree = tuple(k for k in versions.ERA_PROBES if era.signature[k] != newest[k])
@@ -163,7 +173,7 @@ def test_a_newer_build_is_never_routed_below_the_newest_era_by_probes(era):
     if disagree:
         names = ", ".join(f"{k}={'yes' if era.signature[k] else 'no'}" for k in disagree)
         assert r.reason.startswith(
-            "version 0.34.0.dev42+g1a2b3c4 is newer than tested: kept the newest adapter "
+            f"version {NEXT}.dev42+g1a2b3c4 is newer than tested: kept the newest adapter "
             f"'v0_29' although probe {names} ")
         assert r.reason.endswith(f"'{era.name}'")
 
@@ -171,10 +181,10 @@ def test_a_newer_build_is_never_routed_below_the_newest_era_by_probes(era):
 def test_a_forced_adapter_keeps_the_newer_than_tested_flag_and_is_named():
     versions._warned_newer.clear()
     with pytest.warns(RuntimeWarning) as rec:
-        r = versions.route("0.34.0rc1", env={"VLLM_COMPAT_ADAPTER": "v0_17"})
+        r = versions.route(f"{NEXT}rc1", env={"VLLM_COMPAT_ADAPTER": "v0_17"})
     assert r.era.name == "v0_17" and r.forced and r.newer_than_tested
     assert str(rec[0].message) == (
-        "vLLM 0.34.0rc1 is newer than the newest release vllm_compat was tested on (0.33.0); "
+        f"vLLM {NEXT}rc1 is newer than the newest release vllm_compat was tested on ({NEWEST}); "
         "using adapter 'v0_17' (forced by VLLM_COMPAT_ADAPTER)")
 
 
@@ -189,7 +199,7 @@ def test_strict_drift_does_not_refuse_in_routing():
     # the drift check decides (detect), after the probes and the surface were read
     versions._warned_newer.clear()
     with pytest.warns(RuntimeWarning):
-        r = versions.route("0.34.0", env={"VLLM_COMPAT_STRICT": "drift"})
+        r = versions.route(f"{NEXT}", env={"VLLM_COMPAT_STRICT": "drift"})
     assert r.era.name == "v0_29"
 
 
@@ -202,3 +212,11 @@ def test_era_signatures_are_distinct_and_ordered():
 
 def test_at_least_thirty_version_strings():
     assert len(ROUTED) + len(TOO_OLD) + len(GARBAGE) + len(NEWER) >= 30
+
+
+def test_the_tested_releases_are_the_matrix_releases():
+    """The versions table (one snapshot per release, shipped in the package) and the matrix
+    (matrix/releases.toml) list the same releases: adding one is its snapshot and its line."""
+    listed = tomllib.loads(RELEASES_TOML.read_text())["releases"]
+    assert [str(v) for v in versions.tested_releases()] == listed
+    assert NEWEST == Version(listed[-1]) and NEXT > NEWEST and NEXT.micro == 0

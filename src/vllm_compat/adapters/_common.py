@@ -1,7 +1,7 @@
 """The adapter of the newest eras (``v0_17``: 0.17-0.28, ``v0_29``: 0.29+), and the base of the others.
 
 Every vLLM symbol used here is declared in :mod:`vllm_compat.surface` and resolved through
-:mod:`._resolve` (``sym("Request")``): at its known location, or where a newer vLLM moved it
+:mod:`vllm_compat.resolve` (``sym("Request")``): at its known location, or where a newer vLLM moved it
 (used, and reported by ``vllm-compat doctor --drift``); a symbol found nowhere, or a call
 whose signature drifted, raises a :class:`~vllm_compat.errors.VllmDriftError` naming the
 capability instead of vLLM's AttributeError / TypeError. Each function only touches symbols
@@ -26,8 +26,8 @@ import torch
 import vllm
 
 from ..errors import ReturnTypeDriftError, UnsupportedFeatureError, VllmCompatError
-from . import _resolve
-from ._resolve import check_call, module_of, sym
+from .. import resolve as _resolve
+from ..resolve import check_call, module_of, sym
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -45,7 +45,7 @@ __all__ = [
     "new_request", "vllm_config", "kv_cache_config", "new_scheduler",
     "scheduler_hash_block_size", "schedule", "update_from_output", "has_unscheduled_tokens",
     "grammar_output", "model_runner_output", "run_model_step", "launch_model_step",
-    "resolve_output", "collective_rpc", "runner_flavour",
+    "resolve_output", "collective_rpc", "runner_flavour", "check_step_target",
 ]
 
 def _params(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
@@ -559,11 +559,24 @@ def collective_rpc(
     return replies[rank]
 
 
+def step_methods(target: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``target``'s ``execute_model`` and ``sample_tokens`` (0.11+ split the step), both
+    resolved before either is called: a target without the second phase (a vLLM that renamed
+    it) is a MissingSymbolError naming the candidates, and no step is left half done."""
+    return (_resolve.method(target, "Executor.execute_model"),
+            _resolve.method(target, "Executor.sample_tokens"))
+
+
+def check_step_target(target: Any) -> None:
+    step_methods(target)
+
+
 def run_model_step(target: Any, scheduler_output: Any, grammar_output: Any = None) -> ModelRunnerOutput:
     """``execute_model`` then, when it returns None, ``sample_tokens`` (vLLM 0.11+)."""
-    out = resolve_output(call_step(target, "execute_model", scheduler_output))
+    execute_model, sample_tokens = step_methods(target)
+    out = resolve_output(execute_model(scheduler_output))
     if out is None:
-        out = call_step(target, "sample_tokens", grammar_output)
+        out = sample_tokens(grammar_output)
     return _final_output(out)
 
 
@@ -601,13 +614,11 @@ def launch_model_step(target: Any, scheduler_output: Any,
     """0.11+: ``execute_model`` (launches the forward, returns None), ``between``, then
     ``sample_tokens`` without waiting for its output where the target can (an Executor's
     ``non_block=True``, 0.11.2+: a Future, resolved by ``LaunchedStep.result``)."""
-    out = resolve_output(call_step(target, "execute_model", scheduler_output))
+    execute_model, fn = step_methods(target)
+    out = resolve_output(execute_model(scheduler_output))
     value = between(scheduler_output) if between is not None else None
     if out is None:  # a step with tokens: the output comes from sample_tokens
         grammar = grammar_output_fn(scheduler_output) if grammar_output_fn is not None else None
-        fn = getattr(target, "sample_tokens", None)
-        if fn is None:
-            raise VllmCompatError(f"{type(target).__name__} has no sample_tokens()")
         out = fn(grammar, non_block=True) if "non_block" in _params(fn) else fn(grammar)
     return LaunchedStep(scheduler_output, value, out)
 
@@ -627,7 +638,4 @@ def has_unscheduled_tokens(scheduler: Scheduler) -> bool:
 
 
 def call_step(target: Any, name: str, arg: Any) -> Any:
-    fn = getattr(target, name, None)
-    if fn is None:
-        raise VllmCompatError(f"{type(target).__name__} has no {name}()")
-    return fn(arg)
+    return _resolve.method(target, f"Executor.{name}")(arg)

@@ -15,7 +15,7 @@ from vllm.utils import get_hash_fn_by_name
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
 from ..errors import VllmCompatError
-from . import _resolve
+from .. import resolve as _resolve
 
 # The common adapter's functions that this era keeps; what differs is redefined below.
 from ._common import (  # noqa: F401  (re-exported: vllm_compat.adapters.AdapterAPI)
@@ -48,6 +48,10 @@ new_request = request_factory(_v0_10_request_kwargs)
 def grammar_output(scheduler: Any, scheduler_output: Any) -> None:
     # 0.10.2 puts the bitmask in SchedulerOutput; there is no second phase to feed.
     return None
+
+
+def check_step_target(target: Any) -> None:
+    _resolve.method(target, "Executor.execute_model")  # the whole step on 0.10.2
 
 
 def run_model_step(target: Any, scheduler_output: Any, grammar_output: Any = None) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 # The common adapter's functions that this era keeps; what differs is redefined below.
 from ._common import (  # noqa: F401  (re-exported: vllm_compat.adapters.AdapterAPI)
-    attach_block_hasher, block_hashes, collective_rpc, current_none_hash, grammar_output,
+    attach_block_hasher, block_hashes, check_step_target, collective_rpc, current_none_hash, grammar_output,
     has_unscheduled_tokens, hash_function, hash_function_names, init_none_hash,
     kv_cache_config, launch_model_step, model_runner_output, new_scheduler, probes,
     request_block_hasher, resolve_output, run_model_step, runner_flavour, schedule,

@@ -23,14 +23,11 @@ import warnings
 from typing import Sequence
 
 import vllm
-from packaging.version import Version
 
-from ..adapters._resolve import get, sym
+from ..resolve import get, probe, sym
 from ..errors import UnsupportedFeatureError
 from ..target import TargetInfo
 from .native_probe import native_path_check
-
-VLLM_VERSION = Version(Version(vllm.__version__).base_version)
 
 # 0.18.1: EagleModelMixin (index 0 = embeddings, index L = last-layer output) for
 # Llama/Qwen2/Qwen3/Qwen3Moe inner models. Absent before (None).
@@ -47,9 +44,14 @@ KimiK25ForConditionalGeneration = get("KimiK25ForConditionalGeneration")
 # Architectures a user may meet on a release that predates them.
 ADDED_IN = {"KimiK25ForConditionalGeneration": "0.15.0"}
 
-# vllm#46973 (0.25.0): DeepseekV2Model also captures hidden_states + residual at end_layer,
-# after its loop, so its aux path returns the final state L.
-DEEPSEEK_FINAL_AUX = Version("0.25.0")
+
+
+def deepseek_final_aux() -> bool:
+    """vllm#46973 (0.25.0): DeepseekV2Model also captures hidden_states + residual at
+    end_layer, after its loop, so its aux path returns the final state L (probed)."""
+    return bool(probe("deepseek_aux_final_state"))
+
+
 # "1": tap L on DeepSeek backbones even where vLLM's aux path returns it (to compare the two).
 FORCE_TAP = "VLLM_COMPAT_FINAL_STATE_TAP"
 
@@ -79,7 +81,8 @@ def native_aux_ids(model_cls: type | None, num_layers: int) -> frozenset[int]:
     if deepseek_backbone(model_cls):
         # DeepseekV2Model: `if idx in aux: aux.append(hidden_states + residual)` before
         # layer idx, residual is None at idx 0 (TypeError), so 0 is out; L from 0.25.0.
-        top = L + 1 if VLLM_VERSION >= DEEPSEEK_FINAL_AUX else L
+        # vllm#46973 (0.25.0) added the final state L
+        top = L + 1 if deepseek_final_aux() else L
         return frozenset(range(1, top))
     # Pre-0.18.1 Llama-style loops: before layer idx, `hidden_states + residual` (0 fails,
     # L is never reached). Conservative for any other SupportsEagle3 model.
@@ -125,8 +128,8 @@ def plan(target: TargetInfo, layer_ids: Sequence[int], *, backend: str,
     srt = tuple(sorted(set(ids) - {0}))
     supported = native_aux_ids(cls, num_layers)
     # 0.10.2: execute_model is the whole step and the runner keeps no execute_model_state
-    # (the aux states are dropped inside it): only hooks can see them (drift map E.2).
-    if VLLM_VERSION < Version("0.11.2"):
+    # (the aux states are dropped inside it): only hooks can see them (0.11 split the step).
+    if not probe("two_phase_step"):
         supported = frozenset()
     if supported:
         # id 0 (embeddings) is never taken from vLLM's aux list: EagleModelMixin's entry 0
@@ -136,7 +139,8 @@ def plan(target: TargetInfo, layer_ids: Sequence[int], *, backend: str,
         supported = supported | {0}
     note = ""
     if backend == "native":
-        if VLLM_VERSION < Version("0.17.1"):
+        # 0.17.1 added the extract_hidden_states connector
+        if not probe("native_extract_hidden_states"):
             raise ValueError(f"backend='native' needs vLLM 0.17.1+ (extract_hidden_states); "
                              f"installed {vllm.__version__}")
         # Whether vLLM's connector keeps the states intact depends on how this release groups

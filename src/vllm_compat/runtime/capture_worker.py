@@ -24,7 +24,7 @@ from ..extract.ordering import BatchLayout, split_batch
 from ..extract.staging import HostStaging, StagedCopy, per_request, to_host
 from ..rpc import runner_flavour
 from . import final_state_tap
-from .capture_plan import DEEPSEEK_FINAL_AUX, VLLM_VERSION, DeepseekV2Model, EagleModelMixin
+from .capture_plan import DeepseekV2Model, EagleModelMixin, deepseek_final_aux
 
 # The runner classes whose load_model we wrap while the LLM is being built.
 _RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
@@ -52,7 +52,7 @@ def _enable_aux(runner: Any, ids: tuple[int, ...]) -> None:
     is_mixin = EagleModelMixin is not None and isinstance(inner, EagleModelMixin)
     # Cross-check of plan(): the class-level guess must match the loaded inner model.
     ds_final = (DeepseekV2Model is not None and isinstance(inner, DeepseekV2Model)
-                and VLLM_VERSION >= DEEPSEEK_FINAL_AUX)
+                and deepseek_final_aux())
     if L in ids and not (is_mixin or ds_final):
         raise RuntimeError(f"{type(inner).__name__}'s aux path cannot return id {L} (final)")
     model.set_aux_hidden_state_layers(tuple(ids))

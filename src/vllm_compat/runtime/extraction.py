@@ -19,9 +19,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import vllm
-from packaging.version import Version
 
-from ..adapters._resolve import check_call, get, sym
+from ..resolve import check_call, get, probe, sym
 from ..detect import detect
 from ..extract import fp8
 from ..extract.staging import StagedCopy
@@ -30,7 +29,7 @@ from ..rpc import collective_rpc
 from ..step import StepPipeline
 from ..target import TargetInfo
 from . import capture_worker
-from .capture_plan import VLLM_VERSION, plan
+from .capture_plan import plan
 from .llm import free_gpu_memory, release_llm
 
 
@@ -53,10 +52,6 @@ def restore_env(old: Mapping[str, str | None]) -> None:
             os.environ[k] = v
 
 
-# vLLM 0.21 catches the tokenizer error raised while it builds a multimodal model's processing
-# info without a tokenizer and starts text-only; 0.15-0.20 fail the engine start.
-TEXT_ONLY_WITHOUT_TOKENIZER = Version("0.21.0")
-
 
 def _multimodal_wrapper_args(target: TargetInfo, fields: set[str],
                              kw: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,7 +62,9 @@ def _multimodal_wrapper_args(target: TargetInfo, fields: set[str],
     out: dict[str, Any] = {}
     if "language_model_only" in fields:  # 0.18.1+: no vision tower, no encoder profiling
         out["language_model_only"] = kw.get("language_model_only", True)
-    if VLLM_VERSION < TEXT_ONLY_WITHOUT_TOKENIZER and not kw.get("skip_tokenizer_init"):
+    # vLLM 0.21 catches the tokenizer error raised while it builds a multimodal model's
+    # processing info without a tokenizer and starts text-only; 0.15-0.20 fail the engine start
+    if not probe("text_only_without_tokenizer") and not kw.get("skip_tokenizer_init"):
         if not kw.get("trust_remote_code"):
             raise ValueError(
                 f"{target.architectures[0]} on vLLM {vllm.__version__} loads its tokenizer and "

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import vllm
 
-from ..adapters._resolve import check_call, get, sym
+from ..resolve import check_call, get, sym
 
 if TYPE_CHECKING:
     from vllm import LLM

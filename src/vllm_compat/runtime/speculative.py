@@ -17,7 +17,7 @@ from typing import Any
 
 import vllm
 
-from ..adapters._resolve import get, sym
+from ..resolve import get, sym
 
 _LLAMA_EAGLE3 = "vllm.model_executor.models.llama_eagle3"
 

@@ -5,7 +5,12 @@ symbol at its known location for this release, at another known location, or, wh
 moved it somewhere new, by searching the packages its entry lists (loaded modules first, then
 the source files). A symbol found anywhere but where this release should have it is used and
 reported as moved (``vllm-compat doctor --drift``); one found nowhere raises
-:class:`~vllm_compat.errors.MissingSymbolError` naming the capability and where it looked.
+:class:`~vllm_compat.errors.MissingSymbolError` naming the capability, where it looked, and the
+*successor candidates*: callables where it lived (the class and its bases, the module and its
+package) that take the same call. A candidate is never used on a guess: only a name the user
+declares (:mod:`vllm_compat.aliases`) is, after the same signature check, and it is reported
+as drift "resolved by alias". :func:`method` does the same for a method of an object vllm_compat
+is handed (a worker, a model runner, an executor).
 :func:`check_call` checks a call's arguments against the callee's signature before the call,
 so a new required parameter or a removed one is a :class:`SignatureDriftError`, not vLLM's
 ``TypeError``. :func:`survey` and :func:`probe_values` are what ``doctor`` and the stored
@@ -14,10 +19,12 @@ snapshots read.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
 import os
+import pkgutil
 import re
 import sys
 import threading
@@ -28,9 +35,10 @@ from typing import Any, Mapping, Sequence
 import vllm
 from packaging.version import Version
 
-from .. import surface
-from ..errors import MissingSymbolError, ReturnTypeDriftError, SignatureDriftError
-from ..surface import BY_KEY, PROBES, Location, Symbol
+from . import aliases, surface
+from .errors import (MissingSymbolError, RejectedAliasError, ReturnTypeDriftError,
+                     SignatureDriftError)
+from .surface import BY_KEY, PROBES, Location, Symbol
 
 
 @dataclass(frozen=True)
@@ -38,12 +46,13 @@ class Found:
     obj: Any
     where: str  # "module:attr"
     module: str  # the module it was found in
-    how: str  # "declared" | "alternate" | "beside" | "searched" | "member"
+    how: str  # "declared" | "alternate" | "beside" | "searched" | "member" | "alias"
     moved: bool  # not where this release should have it
     # what holds it (module, class or instance) and its name there: sym() reads it from there
     # on every call, so a later assignment (a patched vLLM function) is seen as vLLM sees it
     container: Any = None
     name: str = ""
+    alias: str = ""  # "old=new" when found through a declared alias
 
     def current(self) -> Any:
         if self.container is None:
@@ -57,6 +66,13 @@ class Found:
 _NOT_FOUND = object()
 _cache: dict[str, Found | None] = {}
 _lock = threading.RLock()  # a member resolves its parent under the same lock
+
+
+def reset() -> None:
+    """Forget what was resolved (after :func:`vllm_compat.alias` declares a name)."""
+    with _lock:
+        _cache.clear()
+        _call_facts.clear()
 
 
 def vllm_version() -> str:
@@ -226,7 +242,7 @@ def _lookup(s: Symbol) -> Found | None:
             return None
         obj = _safe_get(parent.obj, s.member, False)
         if obj is _NOT_FOUND:
-            return None
+            return _member_alias(s, parent)
         return Found(obj, f"{parent.where}.{s.member}", parent.module, "member", False,
                      parent.obj, s.member)
     expected = _expected(s)
@@ -254,7 +270,217 @@ def _lookup(s: Symbol) -> Found | None:
             obj, modname = hit
             container, name = _container(modname, attr)
             return Found(obj, f"{modname}:{attr}", modname, "searched", True, container, name)
+    return _module_alias(s)
+
+
+# --------------------------------------------------------------------------- aliases and successors
+
+
+@lru_cache(maxsize=None)
+def tested_params(key: str) -> dict[str, bool] | None:
+    """``key``'s parameters on the nearest tested release (its stored snapshot), if known."""
+    from . import drift, versions
+
+    try:
+        era = versions.era_for_version(vllm.__version__).name
+    except Exception:  # noqa: BLE001 - an unparsable or unsupported version: no reference
+        return None
+    nearest = drift.nearest_tested(vllm.__version__, era)
+    snap = drift.load_snapshot(nearest) if nearest is not None else None
+    ps = ((snap or {}).get("surface", {}).get(key) or {}).get("params")
+    return ps if isinstance(ps, dict) else None
+
+
+def _reference(s: Symbol) -> dict[str, bool] | None:
+    return tested_params(s.key) if s.kind in ("callable", "class") else None
+
+
+def incompatibility(s: Symbol, obj: Any) -> str | None:
+    """Why ``obj`` cannot stand for ``s`` (None: it can): it must be of the same kind, take
+    the call vllm_compat makes (the surface's call shape) and have the parameters that ``s``
+    required on the nearest tested release."""
+    if s.kind == "class" and not inspect.isclass(obj):
+        return f"{_qualname(obj)} is not a class"
+    if s.kind == "callable" and (inspect.isclass(obj) or not callable(obj)):
+        return f"{_qualname(obj)} is not a function or method"
+    if s.kind in ("value", "module"):
+        return None
+    ps = params(obj)
+    if ps is None:
+        return f"the signature of {_qualname(obj)} cannot be read"
+    new_required, removed = signature_drift(s, obj, ps)
+    if new_required:
+        return f"it requires {', '.join(repr(n) for n in new_required)}, which vllm_compat does not pass"
+    if removed:
+        return f"it does not take {', '.join(repr(n) for n in removed)}"
+    ref = _reference(s)
+    forwards = any(n.startswith("**") for n in ps)  # (*args, **kwargs) takes any name
+    if ref is not None and not forwards:
+        wanted = [n for n, req in ref.items() if req and not n.startswith("*") and n not in ps]
+        if wanted:
+            return (f"it lacks the parameter(s) {', '.join(repr(n) for n in wanted)} that "
+                    f"{s.key} had on the nearest tested release")
     return None
+
+
+def _qualname(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or type(obj).__name__
+
+
+def _shown_signature(obj: Any) -> str:
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return "(...)"
+    ps = [p for p in sig.parameters.values() if p.name not in ("self", "cls")]
+    return str(sig.replace(parameters=ps, return_annotation=inspect.Signature.empty))
+
+
+def _member_pool(s: Symbol, holder: Any) -> list[tuple[str, str, Any]]:
+    """``(shown where, name, object)`` of every public callable of ``holder``'s class and
+    its bases, but the surface's other members of the same parent."""
+    cls = holder if inspect.isclass(holder) else type(holder)
+    declared = {x.member for x in surface.SYMBOLS if x.parent is not None and x.member != s.member}
+    out, seen = [], set()
+    for k in cls.__mro__:
+        if k is object:
+            continue
+        for name in vars(k):
+            if name in seen or name.startswith("__") or name == s.member or name in declared:
+                continue
+            seen.add(name)
+            obj = _safe_get(holder, name, False)
+            if obj is not _NOT_FOUND and callable(obj):
+                out.append((f"{k.__module__}:{k.__qualname__}.{name}", name, obj))
+    return out
+
+
+def _module_pool(s: Symbol) -> list[tuple[str, str, Any]]:
+    """Callables defined in the module ``s`` lived in and in the other modules of its package."""
+    loc = _expected(s) or (s.locations[0] if s.locations else None)
+    if loc is None or not loc.attr:
+        return []
+    package = loc.module.rpartition(".")[0]
+    names = [loc.module] + sorted(
+        f"{package}.{m.name}" for m in pkgutil.iter_modules(_package_dirs(package))
+        if f"{package}.{m.name}" != loc.module)
+    declared = {x.locations[0].attr for x in surface.SYMBOLS if x.locations} - {loc.attr}
+    out, seen = [], set()
+    for modname in names:
+        mod = _import(modname)
+        for name, obj in sorted(vars(mod).items()) if mod is not None else ():
+            if (name.startswith("_") or name == loc.attr or name in declared
+                    or not callable(obj) or getattr(obj, "__module__", None) != modname
+                    or id(obj) in seen):
+                continue
+            seen.add(id(obj))
+            out.append((f"{modname}:{name}", name, obj))
+    return out
+
+
+def successors(s: Symbol, holder: Any = None) -> list[str]:
+    """Where ``s`` may have gone, best first (at most three): callables where it lived that
+    take the same call (see :func:`incompatibility`), ranked by how alike the names are. Named
+    in the error and the report; never used unless declared as an alias."""
+    if s.kind not in ("callable", "class"):
+        return []
+    pool = _member_pool(s, holder) if holder is not None else _module_pool(s)
+    ref = _reference(s)
+    ranked = []
+    for where, name, obj in pool:
+        if incompatibility(s, obj) is not None:
+            continue
+        likeness = difflib.SequenceMatcher(None, s.member, name).ratio()
+        same = ref is not None and set(params(obj) or ()) == set(ref)
+        if not same and likeness < 0.6:
+            continue  # a call shape alone fits too many methods: the name must be alike
+        ranked.append((not same, -likeness, where, obj))
+    ranked.sort(key=lambda r: r[:3])
+    return [f"{where}{_shown_signature(obj)}" for _, _, where, obj in ranked[:3]]
+
+
+def _alias_of(s: Symbol) -> str | None:
+    return aliases.current().get(s.member)
+
+
+def _checked_alias(s: Symbol, obj: Any, where: str, new: str) -> Any:
+    why = "it is not there" if obj is _NOT_FOUND else incompatibility(s, obj)
+    if why is not None:
+        raise RejectedAliasError(
+            capability=s.capability, vllm_version=vllm.__version__, symbol=s.key,
+            expected=f"the declared alias {aliases.how(s.member, new)} to name a stand-in for "
+                     f"{s.member} at {where}",
+            found=f"{where}: {why}",
+            workaround=f"declare another name, or remove the alias for {s.member}")
+    return obj
+
+
+def _member_alias(s: Symbol, parent: Found) -> Found | None:
+    new = _alias_of(s)
+    if new is None:
+        return None
+    where = f"{parent.where}.{new}"
+    obj = _checked_alias(s, _safe_get(parent.obj, new, False), where, new)
+    return Found(obj, where, parent.module, "alias", True, parent.obj, new,
+                 alias=f"{s.member}={new}")
+
+
+def _module_alias(s: Symbol) -> Found | None:
+    new = _alias_of(s)
+    if new is None or not s.locations:
+        return None
+    places = [loc for loc in s.locations if loc.attr]
+    for loc in places:
+        mod = _import(loc.module)
+        obj = _safe_get(mod, new, s.kind == "value") if mod is not None else _NOT_FOUND
+        if obj is not _NOT_FOUND:
+            obj = _checked_alias(s, obj, f"{loc.module}:{new}", new)
+            container, name = _container(loc.module, new)
+            return Found(obj, f"{loc.module}:{new}", loc.module, "alias", True, container, name,
+                         alias=f"{s.member}={new}")
+    hit = _search(new, s.search, s.kind == "value") if s.search else None
+    if hit is not None:
+        obj = _checked_alias(s, hit[0], f"{hit[1]}:{new}", new)
+        container, name = _container(hit[1], new)
+        return Found(obj, f"{hit[1]}:{new}", hit[1], "alias", True, container, name,
+                     alias=f"{s.member}={new}")
+    where = " or ".join(f"{loc.module}:{new}" for loc in places)
+    _checked_alias(s, _NOT_FOUND, where + (f" (nor under {', '.join(s.search)})" if s.search else ""), new)
+    return None
+
+
+def alias_hint(member: str, candidates: Sequence[str]) -> str:
+    """The way out that names the best candidate (as an alias the user can declare)."""
+    from .drift import alias_hint as hint
+
+    return hint(member, candidates[0]) if candidates else ""
+
+
+def method(target: Any, key: str) -> Any:
+    """``target``'s method named as the surface member ``key`` (``"Executor.sample_tokens"``
+    on any worker, model runner or executor), through a declared alias; else
+    :class:`MissingSymbolError` naming the successor candidates. Call it for every method
+    of a multi-call operation before the first call, so that nothing is left half done."""
+    s = BY_KEY[key]
+    fn = getattr(target, s.member, None)
+    if fn is not None:
+        return fn
+    new = _alias_of(s)
+    where = f"{type(target).__module__}:{type(target).__qualname__}"
+    if new is not None:
+        return _checked_alias(s, getattr(target, new, _NOT_FOUND), f"{where}.{new}", new)
+    candidates = successors(s, target)
+    found = f"{where} has no attribute '{s.member}'"
+    if candidates:
+        found += "; candidates with a compatible signature: " + ", ".join(candidates)
+    return _raise_missing(s, f"{type(target).__qualname__}.{s.member}",
+                          f"{where} to have '{s.member}' ({s.used_by})", found,
+                          alias_hint(s.member, candidates))
+
+
+def _raise_missing(s: Symbol, symbol: str, expected: str, found: str, workaround: str) -> Any:
+    raise MissingSymbolError(capability=s.capability, vllm_version=vllm.__version__,
+                             symbol=symbol, expected=expected, found=found, workaround=workaround)
 
 
 def _expected_text(s: Symbol) -> str:
@@ -281,11 +507,28 @@ def _missing_text(s: Symbol) -> str:
     return text
 
 
+def candidates_of(s: Symbol) -> list[str]:
+    """The successor candidates of a missing ``s`` (see :func:`successors`)."""
+    if s.parent is not None:
+        parent = lookup(s.parent)
+        return successors(s, parent.obj) if parent is not None else []
+    return successors(s)
+
+
+def _with_candidates(text: str, candidates: Sequence[str]) -> str:
+    if not candidates:
+        return text
+    return text + "; candidates with a compatible signature: " + ", ".join(candidates)
+
+
 def missing_error(key: str) -> MissingSymbolError:
     s = BY_KEY[key]
+    candidates = candidates_of(s)
+    workaround = "" if "{param}" in s.workaround else s.workaround
     return MissingSymbolError(capability=s.capability, vllm_version=vllm.__version__,
-                              symbol=s.key, expected=_expected_text(s), found=_missing_text(s),
-                              workaround="" if "{param}" in s.workaround else s.workaround)
+                              symbol=s.key, expected=_expected_text(s),
+                              found=_with_candidates(_missing_text(s), candidates),
+                              workaround=alias_hint(s.member, candidates) or workaround)
 
 
 def sym(key: str) -> Any:
@@ -488,13 +731,30 @@ def probe_values() -> dict[str, bool | None]:
     return {p.name: _probe(p) for p in PROBES}
 
 
+def probe(name: str) -> bool | None:
+    """One probe of :data:`vllm_compat.surface.PROBES` (what ``runtime/`` asks instead of
+    comparing version numbers: a nightly that back-ports or reverts a change takes the
+    right path)."""
+    return _probe(surface.PROBES_BY_NAME[name])
+
+
 def _probe(p: surface.Probe) -> bool | None:
-    found = lookup(p.symbol)
+    answers = [_probe_one(p, key) for key in (p.symbol, *p.alternates)]
+    if True in answers:
+        return True
+    return False if False in answers else None
+
+
+def _probe_one(p: surface.Probe, key: str) -> bool | None:
+    try:
+        found = lookup(key)
+    except RejectedAliasError:
+        return None
     if p.test == "exists":
         if found is not None:
             return True
         # "no" only where the place it would live is there to look in
-        return False if p.anchor is None or lookup(p.anchor) is not None else None
+        return False if p.anchor is None or _lookup_or_none(p.anchor) is not None else None
     if found is None:
         return None
     kind, _, arg = p.test.partition(":")
@@ -524,21 +784,75 @@ def _annotation(obj: Any) -> str | None:
     return ann if isinstance(ann, str) else inspect.formatannotation(ann)
 
 
+def _lookup_or_none(key: str) -> Found | None:
+    try:
+        return lookup(key)
+    except RejectedAliasError:
+        return None
+
+
+_SELF_ANNOTATION = r"self\.{name}\s*:\s*([^=\n]+?)\s*="
+
+
+def _type_text(ann: Any) -> str:
+    text = ann if isinstance(ann, str) else inspect.formatannotation(ann)
+    return re.sub(r"\btyping\.", "", text).replace("'", "")
+
+
+def field_types(cls: Any, names: Sequence[str]) -> dict[str, str | None]:
+    """The declared type of each named field of ``cls`` (a dataclass, msgspec struct or plain
+    class whose source annotates ``self.<name>: T``): the type as text, "?" where the field is
+    set without a type, None where ``cls`` has no such field."""
+    ann: dict[str, Any] = {}
+    for k in reversed(getattr(cls, "__mro__", ())):
+        ann.update(vars(k).get("__annotations__", {}))
+    ann.update({n: f.type for n, f in (getattr(cls, "__dataclass_fields__", None) or {}).items()})
+    try:  # the class's own source (its __init__ annotates ``self.<name>: T``)
+        init_source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        init_source = ""
+    out: dict[str, str | None] = {}
+    for name in names:
+        if name in ann:
+            out[name] = _type_text(ann[name])
+            continue
+        m = re.search(_SELF_ANNOTATION.format(name=re.escape(name)), init_source)
+        if m is not None:
+            out[name] = _type_text(m.group(1))
+        elif re.search(rf"self\.{re.escape(name)}\s*=", init_source) or hasattr(cls, name):
+            out[name] = "?"
+        else:
+            out[name] = None
+    return out
+
+
 def survey() -> dict[str, dict[str, Any]]:
     """Every symbol of the surface as the installed vLLM has it (what snapshots store)."""
     out: dict[str, dict[str, Any]] = {}
     for s in surface.SYMBOLS:
-        found = lookup(s.key)
+        rejected = None
+        try:
+            found = lookup(s.key)
+        except RejectedAliasError as exc:
+            found, rejected = None, f"{exc.expected}; found {exc.found}"
         used = used_here(s)
         exp = _expected(s)
         row: dict[str, Any] = {"expected_at": exp.where if exp is not None else None}
         if found is None:
             row.update(status="missing" if used and not s.optional else "absent", at=None)
             if row["status"] == "missing":
-                row["missing"] = _missing_text(s)
+                row["missing"] = rejected or _missing_text(s)
+                candidates = candidates_of(s)
+                if candidates:
+                    row["candidates"] = candidates
             out[s.key] = row
             continue
-        row.update(status="moved" if found.moved else "present", at=found.where, how=found.how)
+        status = "aliased" if found.how == "alias" else "moved" if found.moved else "present"
+        row.update(status=status, at=found.where, how=found.how)
+        if found.alias:
+            row["alias"] = aliases.how(*found.alias.split("="))
+        if s.fields and inspect.isclass(found.obj):
+            row["fields"] = field_types(found.obj, s.fields)
         if s.kind in ("callable", "class") or (s.parent and callable(found.obj)):
             ps = params(found.obj)
             row["params"] = ps
