@@ -1,6 +1,6 @@
 """What vllm_compat's check of vLLM's own extract_hidden_states path says on the installed
 vLLM, for a Llama, a DeepSeek-V3 (MLA) and a Kimi-K2.5-shaped (MLA, multimodal wrapper)
-target: one JSON line, the row of the per-release table in docs/speculators-migration.md.
+target: one JSON line, the row of the per-release table in docs/speculators-05-09.md.
 
 Runs on the CPU (configs only, no weights): vLLM's own KV-cache grouping and its connector's
 group lookup (vllm_compat.runtime.native_probe), then whether ``backend="native"`` is allowed.
