@@ -5,7 +5,9 @@ and then checked against feature probes, because nightlies and forks sit between
 releases. Probes are tri-state (yes / no / cannot tell, ``None``). Rules:
 
 - within the tested range, probes that disagree with the version win, and the routing
-  reason names them;
+  reason names them, unless the era they point to could not run on the build (a probe
+  denies one of its requirements): then the version's era is kept and the disagreeing
+  probe is reported as drift of its capability;
 - a probe that cannot tell never moves a build to an older era (it matches any era, and
   of the eras the other probes allow, the one nearest the version's is taken, the newer
   on a tie);
@@ -217,7 +219,14 @@ def _by_probes(v: Version, by_version: Era, probes: Mapping[str, bool | None] | 
         return Routing(by_version, f"{how}: {base}", newer, unknown=unknown)
     names = ", ".join(f"{k}={_yes_no(known[k])}" for k in disagree)
     verb = "matches" if len(disagree) == 1 else "match"
-    consistent = [e for e in ERAS if all(e.signature[k] == val for k, val in known.items())]
+    by_signature = [e for e in ERAS if all(e.signature[k] == val for k, val in known.items())]
+    # an era whose adapter cannot run here (a requirement denied by a probe that can tell) is
+    # no candidate: a 0.16 build whose sample_tokens was renamed matches v0_10's signature,
+    # but v0_10 hashes through vllm.utils, which 0.11+ no longer has
+    denied = {e.name: {k: want for k, want in e.requires.items()
+                       if probes.get(k) is not None and bool(probes[k]) != want}
+              for e in by_signature}
+    consistent = [e for e in by_signature if not denied[e.name]]
     if newer:
         # a build past the tested range keeps the newest era: its probes cannot be checked
         # against a release we ran, and an older era would lose what the newest one does
@@ -226,8 +235,13 @@ def _by_probes(v: Version, by_version: Era, probes: Mapping[str, bool | None] | 
                        f"'{by_version.name}' although probe {names} {match}", newer,
                        disagreeing=disagree, unknown=unknown)
     if not consistent:
+        match = "no era"
+        if by_signature:
+            e = by_signature[-1]
+            needs = ", ".join(f"{k}={_yes_no(want)}" for k, want in denied[e.name].items())
+            match = f"'{e.name}', whose adapter cannot run here (it needs {needs})"
         return Routing(by_version, f"version {v} suggests '{by_version.name}'; probe {names} "
-                       f"{verb} no era, so the version's is kept", newer,
+                       f"{verb} {match}, so the version's is kept", newer,
                        disagreeing=disagree, unknown=unknown)
     # nearest the version's era, the newer on a tie: an unknown probe widens the choice but
     # never pulls the build further down than the probes that can tell

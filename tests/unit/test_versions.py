@@ -161,6 +161,21 @@ def test_probes_that_match_no_era_keep_the_version():
                         "fixed_none_hash_seed=yes match no era, so the version's is kept")
 
 
+def test_probes_never_pick_an_era_whose_adapter_cannot_run():
+    # 0.16 with sample_tokens renamed: the era probes match v0_10, but v0_10 needs the hash
+    # helpers in vllm.utils and this build keeps them in vllm.utils.hashing; picking v0_10
+    # would refuse everything, keeping v0_11 refuses only the model step
+    probes = {"two_phase_step": False, "request_takes_eos": True, "fixed_none_hash_seed": False,
+              "hashing_module": True}
+    r = versions.route("0.16.0", probes, env={})
+    assert r.era.name == "v0_11" and r.disagreeing == ("two_phase_step",)
+    assert r.reason == ("version 0.16.0 suggests 'v0_11'; probe two_phase_step=no matches "
+                        "'v0_10', whose adapter cannot run here (it needs hashing_module=no), "
+                        "so the version's is kept")
+    # a build that really is single-phase, hash helpers in vllm.utils, still goes to v0_10
+    assert versions.route("0.16.0", dict(probes, hashing_module=False), env={}).era.name == "v0_10"
+
+
 @pytest.mark.parametrize("era", versions.ERAS, ids=lambda e: e.name)
 def test_a_newer_build_is_never_routed_below_the_newest_era_by_probes(era):
     versions._warned_newer.clear()
