@@ -76,10 +76,25 @@ def _spec(cls: type, **kw: Any) -> Any:
     return cls(**{k: v for k, v in kw.items() if k in fields})
 
 
+class _DenseMLABackend:
+    """What 0.31+'s ``MLAAttention.get_kv_cache_spec`` asks of the layer's attention backend:
+    its name, to tell the sparse FlashMLA / FlashInfer layouts apart. Every dense MLA backend
+    (TRITON_MLA, FLASHMLA, FLASH_ATTN_MLA, CUTLASS_MLA) gives the same spec, and sparse models
+    are answered "cannot tell" before this runs."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "TRITON_MLA"
+
+
 def _own_spec(cls: Any, vllm_config: Any, **attrs: Any) -> Any:
-    """``cls.get_kv_cache_spec`` of this release, run on a stand-in layer that carries the
-    attributes it reads: the spec exactly as the release's layer class builds it."""
-    return cls.get_kv_cache_spec(types.SimpleNamespace(**attrs), vllm_config)
+    """``cls.get_kv_cache_spec`` of this release, run on an instance built without its
+    ``__init__`` (which would load kernels) that carries the attributes it reads: the spec
+    exactly as the release's layer class builds it, its own helper methods included (0.31+
+    calls ``self._uses_flat_kv_cache()``)."""
+    layer = object.__new__(cls)
+    vars(layer).update(attrs)  # past nn.Module.__setattr__, which needs __init__'s state
+    return cls.get_kv_cache_spec(layer, vllm_config)
 
 
 def _layer_specs(target: TargetInfo, num_ids: int, cfg: Any,
@@ -97,7 +112,8 @@ def _layer_specs(target: TargetInfo, num_ids: int, cfg: Any,
                           head_size=int(tc["kv_lora_rank"]) + int(tc.get("qk_rope_head_dim", 64)),
                           num_heads=int(tc["num_attention_heads"]) // tensor_parallel_size,
                           block_size=block_size, sliding_window=None, indexer=None,
-                          topk_buffer_width=None, non_causal_multi_token_decode=False)
+                          topk_buffer_width=None, non_causal_multi_token_decode=False,
+                          attn_backend=_DenseMLABackend)
     else:
         heads = int(tc.get("num_key_value_heads") or tc["num_attention_heads"])
         head_dim = int(tc.get("head_dim") or target.hidden_size // int(tc["num_attention_heads"]))
