@@ -47,7 +47,7 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -57,57 +57,8 @@ from ..extract import fp8
 from ..target import TargetInfo, read_target
 from .data import DatasetFormatError, HiddenStatesDataset, Manifest, check_sample
 from .prepare import PREPARED
+from .online_args import BACKENDS, PLACEMENTS, STATES_DTYPES, OnlineConfig  # noqa: F401
 from .sources import MakeBatch, Sample
-
-PLACEMENTS = ("colocated", "split")
-BACKENDS = ("vllm", "transformers")
-STATES_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn")
-
-
-@dataclass
-class OnlineConfig:
-    """How the states are produced while training (the CLI's ``--online`` arguments)."""
-
-    backend: str = "vllm"  # "vllm", or "transformers" (the target in HF transformers)
-    aux_layer_ids: tuple[int, ...] | None = None  # None: EAGLE-3's (2, L//2, L-3)
-    # the dtype the shards would store: states are cast (or FP8 encoded and decoded) to it
-    states_dtype: str = "bfloat16"
-    queue_depth: int = 4  # ready batches the extractor may run ahead of the trainer
-    unit_steps: int = 8  # steps extracted together (one idle-to-idle extract call)
-    cache: str | None = None  # keep the states as shards here, read what is there
-    samples_per_unit: int | None = None  # cache: records per unit (default 4 shards)
-    samples_per_shard: int = 256  # cache: samples per shard
-    placement: str = "colocated"
-    engine_devices: str | None = None  # split: CUDA devices of the engine, e.g. "1" or "1,2"
-    kv_cache_memory_bytes: int | None = None  # co-located vLLM: the KV-cache budget
-    gpu_memory_utilization: float | None = None  # vLLM's, when no KV budget is given
-    # co-located: the memory both may use (None: the CUDA device's total; on the CPU unchecked)
-    memory_limit_bytes: int | None = None
-    extractor_kwargs: dict[str, Any] = field(default_factory=dict)  # more HiddenStatesExtractor keywords
-
-    def check(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.states_dtype not in STATES_DTYPES:
-            raise ValueError(f"states_dtype must be one of {STATES_DTYPES}, got {self.states_dtype!r}")
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
-        if self.queue_depth < 1:
-            raise ValueError(f"queue_depth must be >= 1, got {self.queue_depth}")
-        if self.unit_steps < 1:
-            raise ValueError(f"unit_steps must be >= 1, got {self.unit_steps}")
-        if self.placement == "split" and not self.engine_devices and self.backend == "vllm":
-            raise ValueError("the split placement runs the engine on its own GPUs: name them "
-                             "(engine_devices='1', CLI --engine-devices 1)")
-
-    @property
-    def torch_states_dtype(self) -> torch.dtype:
-        return getattr(torch, self.states_dtype)
-
-    @property
-    def unit_size(self) -> int:
-        return self.samples_per_unit or 4 * self.samples_per_shard
-
 
 # ----------------------------------------------------------------------------- records
 
