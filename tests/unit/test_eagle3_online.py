@@ -259,3 +259,16 @@ def test_cli_online_run_and_option_checks(tiny, online_bf16, tmp_path, capsys):
         cli_main(args + online_args + ["--kv-cache-memory-bytes", "1000"])
     with pytest.raises(ValueError, match="queue_depth must be >= 1"):
         cli_main(args + online_args[:-4] + ["--queue-depth", "0"])
+
+
+def test_tensorboard_scalars_under_online_when_installed(tiny, tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is optional")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train_online(cfg(tiny, tmp_path, max_steps=3, tensorboard=True), online())
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"online/loss", "online/acc_0", "online/extract_tokens_per_s", "online/train_tokens_per_s",
+            "online/trainer_wait_s"} <= tags
+    assert [e.step for e in acc.Scalars("online/loss")] == [1, 2, 3]

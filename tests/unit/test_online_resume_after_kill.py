@@ -31,7 +31,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from test_eagle3_online import (  # noqa: E402 - the same tiny target, records and helpers
+from test_eagle3_online import (  # the same tiny target, records and helpers
     TOTAL,
     assert_same_run,
     cfg,

@@ -25,9 +25,14 @@ Sample = dict[str, torch.Tensor]
 MakeBatch = Callable[[list[Sample]], dict[str, torch.Tensor]]
 
 
-class TrainingSource(Protocol):
+class DescribedStates(Protocol):
+    """What the draft is built for: the states' manifest (sizes, layer ids, target)."""
+
     manifest: Manifest
     dir: Any
+
+
+class TrainingSource(DescribedStates, Protocol):
 
     def __len__(self) -> int: ...
 

@@ -41,7 +41,15 @@ from .checkpoints import (  # noqa: F401 - kept importable from here
 )
 from .data import HiddenStatesDataset
 from .model import DraftConfig, Eagle3Draft, TargetHead, ttt_forward
-from .sources import _END, DeviceSamples, ShardSource, TrainingSource, _device_of, prefetched  # noqa: F401
+from .sources import (  # noqa: F401 - DeviceSamples and prefetched kept importable from here
+    _END,
+    DescribedStates,
+    DeviceSamples,
+    ShardSource,
+    TrainingSource,
+    _device_of,
+    prefetched,
+)
 from .target import load_target_tensors, read_target
 from .vocab import VocabMapping
 
@@ -101,7 +109,7 @@ def _rope_theta(cfg: dict[str, Any]) -> float:
     return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
 
 
-def draft_config_for(target_dir: str, dataset: TrainingSource | HiddenStatesDataset | DeviceSamples,
+def draft_config_for(target_dir: str, dataset: DescribedStates,
                      vocab: VocabMapping, **overrides: Any) -> DraftConfig:
     """The draft mirrors the target's attention shape (as speculators' default drafts do)."""
     t = read_target(target_dir)
@@ -140,7 +148,7 @@ def draft_config_for(target_dir: str, dataset: TrainingSource | HiddenStatesData
     return DraftConfig(**kw)
 
 
-def build_models(cfg: TrainConfig, dataset: TrainingSource | HiddenStatesDataset | DeviceSamples,
+def build_models(cfg: TrainConfig, dataset: DescribedStates,
                  ) -> tuple[Eagle3Draft, TargetHead, DraftConfig]:
     vocab = VocabMapping.load(cfg.vocab)
     dcfg = draft_config_for(cfg.target, dataset, vocab, norm_before_residual=cfg.norm_before_residual,
