@@ -13,10 +13,11 @@ PACKAGES = ["vllm_compat", "vllm_compat.extract", "vllm_compat.eagle3", "vllm_co
 
 def public_names(module: types.ModuleType) -> list[str]:
     """Names a user sees on the package: not private, not a submodule, not the
-    ``from __future__ import annotations`` feature."""
-    return sorted(k for k, v in vars(module).items()
-                  if not k.startswith("_") and not isinstance(v, types.ModuleType)
-                  and k != "annotations")
+    ``from __future__ import annotations`` feature; with the names a package imports on first
+    use (its ``_LAZY``)."""
+    return sorted({k for k, v in vars(module).items()
+                   if not k.startswith("_") and not isinstance(v, types.ModuleType)
+                   and k != "annotations"} | set(getattr(module, "_LAZY", ())))
 
 
 @pytest.mark.parametrize("name", PACKAGES)

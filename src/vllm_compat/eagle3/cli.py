@@ -74,7 +74,10 @@ def _vocab(a: argparse.Namespace) -> int:
 
 
 def _train(a: argparse.Namespace) -> int:
+    from .online_args import online_config
     from .training import TrainConfig, train
+
+    online = online_config(a)  # checked before anything loads
 
     cfg = TrainConfig(
         dataset=a.dataset, target=a.target, vocab=a.vocab, output_dir=a.output, epochs=a.epochs,
@@ -82,7 +85,12 @@ def _train(a: argparse.Namespace) -> int:
         lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, grad_clip=a.grad_clip,
         dtype=a.dtype, seed=a.seed, checkpoint_every=a.checkpoint_every, progress=not a.no_progress,
     )
-    res = train(cfg, resume=not a.no_resume)
+    if online is not None:  # the states extracted while training, not read from shards
+        from .online import train_online
+
+        res = train_online(cfg, online, resume=not a.no_resume)
+    else:
+        res = train(cfg, resume=not a.no_resume)
     if res.rank == 0:
         print(json.dumps({"step": res.step, "output": res.output_dir, **res.last_metrics}))
     return 0
@@ -204,6 +212,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--checkpoint-every", type=int, default=100)
     s.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints")
+    from .online_args import add_online_arguments
+
+    add_online_arguments(s)
     s.set_defaults(func=_train)
 
     s = steps.add_parser("export", help="write a speculators-format checkpoint for vllm serve")

@@ -28,13 +28,31 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..errors import TargetMismatchError, TrainingCheckpointError
+from ..errors import TargetMismatchError
+from .checkpoints import (  # noqa: F401 - kept importable from here
+    CHECKPOINTS,
+    _atomic_write,
+    _checkpoints,
+    _fsync_dir,
+    check_resumable,
+    load_checkpoint,
+    prepare_resume,
+    save_checkpoint,
+)
 from .data import HiddenStatesDataset
 from .model import DraftConfig, Eagle3Draft, TargetHead, ttt_forward
+from .sources import (  # noqa: F401 - DeviceSamples and prefetched kept importable from here
+    _END,
+    DescribedStates,
+    DeviceSamples,
+    ShardSource,
+    TrainingSource,
+    _device_of,
+    prefetched,
+)
 from .target import load_target_tensors, read_target
 from .vocab import VocabMapping
 
-CHECKPOINTS = "checkpoints"
 METRICS_CSV = "metrics.csv"
 DATA_ORDER_CSV = "data_order.csv"  # step, epoch, the sample indices each step trained on
 METRICS_PNG = "metrics.png"
@@ -91,7 +109,7 @@ def _rope_theta(cfg: dict[str, Any]) -> float:
     return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
 
 
-def draft_config_for(target_dir: str, dataset: HiddenStatesDataset | DeviceSamples,
+def draft_config_for(target_dir: str, dataset: DescribedStates,
                      vocab: VocabMapping, **overrides: Any) -> DraftConfig:
     """The draft mirrors the target's attention shape (as speculators' default drafts do)."""
     t = read_target(target_dir)
@@ -130,7 +148,7 @@ def draft_config_for(target_dir: str, dataset: HiddenStatesDataset | DeviceSampl
     return DraftConfig(**kw)
 
 
-def build_models(cfg: TrainConfig, dataset: HiddenStatesDataset | DeviceSamples,
+def build_models(cfg: TrainConfig, dataset: DescribedStates,
                  ) -> tuple[Eagle3Draft, TargetHead, DraftConfig]:
     vocab = VocabMapping.load(cfg.vocab)
     dcfg = draft_config_for(cfg.target, dataset, vocab, norm_before_residual=cfg.norm_before_residual,
@@ -187,27 +205,6 @@ def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return out
 
 
-class DeviceSamples(torch.utils.data.Dataset):
-    """Every sample of ``dataset`` read once (shards checked and NaN/Inf-checked as usual) and
-    kept on ``device``; ``manifest`` and ``dir`` are the dataset's. Build it once and pass it
-    to several :func:`train` calls (``samples=``) to read the files once."""
-
-    def __init__(self, dataset: HiddenStatesDataset, device: torch.device | str) -> None:
-        self.manifest, self.dir, self.device = dataset.manifest, dataset.dir, _device_of(device)
-        self._samples = [{k: v.to(self.device) for k, v in dataset[i].items()} for i in range(len(dataset))]
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return self._samples[i]
-
-
-def _device_of(device: torch.device | str) -> torch.device:
-    """The device a tensor placed on ``device`` reports (``cuda`` -> ``cuda:0``)."""
-    return torch.empty(0, device=device).device
-
-
 def dataset_file_bytes(dataset: HiddenStatesDataset) -> int:
     """The bytes of the dataset's shard files: what :class:`DeviceSamples` will hold, give or
     take the headers."""
@@ -242,31 +239,6 @@ class StepBatches(torch.utils.data.Sampler[list[int]]):
 
     def __len__(self) -> int:
         return max(0, self.stop - self.start)
-
-
-def prefetched(make: Any, items: Any, depth: int) -> Iterator[Any]:
-    """``make(item)`` for each item, in order, computed up to ``depth`` items ahead in one
-    background thread (``depth`` 0: on demand, in the caller's thread). One thread, so
-    ``make`` may keep state (the dataset keeps a shard open); torch's copies and file reads
-    release the GIL, so building overlaps the caller's GPU step."""
-    if depth <= 0:
-        yield from map(make, items)
-        return
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
-    it = iter(items)
-    with ThreadPoolExecutor(1, thread_name_prefix="draft-batches") as pool:
-        window = deque(pool.submit(make, x) for _, x in zip(range(depth), it))
-        while window:
-            fut = window.popleft()
-            nxt = next(it, _END)
-            if nxt is not _END:
-                window.append(pool.submit(make, nxt))
-            yield fut.result()
-
-
-_END = object()
 
 
 def epoch_order(n: int, seed: int, epoch: int, rank: int = 0, world: int = 1) -> list[int]:
@@ -306,60 +278,6 @@ def _dist() -> tuple[int, int, torch.device, bool]:
     return dist.get_rank(), world, device, started
 
 
-def _checkpoints(out: Path) -> list[Path]:
-    return sorted((out / CHECKPOINTS).glob("step-*.pt"))
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:  # platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """``write(file)`` into ``path.tmp``, fsync it, rename it over ``path``, fsync the
-    directory: a kill at any point leaves either the old file or the complete new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with tmp.open("wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def save_checkpoint(out: Path, state: dict[str, Any], keep: int) -> Path:
-    """Atomic (see :func:`_atomic_write`); older checkpoints beyond ``keep`` are deleted only
-    after the new one is durable, so the latest complete checkpoint always survives a kill."""
-    d = out / CHECKPOINTS
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"step-{state['step']:08d}.pt"
-    _atomic_write(path, lambda f: torch.save(state, f))
-    for old in _checkpoints(out)[:-keep]:
-        old.unlink()
-    return path
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)  # never unpickle objects
-    except Exception as exc:  # noqa: BLE001 - a torn or foreign file, whatever torch says
-        raise TrainingCheckpointError(
-            f"{path} is not a readable training checkpoint ({type(exc).__name__}: {exc}); "
-            "delete it to resume from the previous one, or start over with resume=False") from exc
-
-
 ORDER_NAMES = ["step", "epoch", "samples"]
 
 
@@ -395,7 +313,9 @@ def _reset_csv(path: Path, names: list[str], upto_step: int) -> None:
 
 def train(cfg: TrainConfig, *, resume: bool = True,
           samples: DeviceSamples | None = None) -> TrainResult:
-    """``samples``: the dataset already on the training device (read once for several runs);
+    """Offline training: the states read from ``cfg.dataset``'s shards.
+
+    ``samples``: the dataset already on the training device (read once for several runs);
     it must be ``cfg.dataset``'s."""
     rank, world, device, started_pg = _dist()
     out = Path(cfg.output_dir)
@@ -415,8 +335,76 @@ def train(cfg: TrainConfig, *, resume: bool = True,
         dataset = HiddenStatesDataset(cfg.dataset)
         if cfg.device_cache or (cfg.device_cache is None and world == 1 and device_cache_fits(dataset, device)):
             dataset = DeviceSamples(dataset, device)
-    on_device = isinstance(dataset, DeviceSamples)
-    draft, target, dcfg = build_models(cfg, dataset)
+    source = ShardSource(dataset)
+    # on-device samples: padding is a few device copies, launched asynchronously, so no thread
+    depth = cfg.prefetch if cfg.prefetch is not None else (
+        3 if device.type == "cuda" and not source.on_device else 0)
+    return run_training(cfg, source, resume=resume, dist=(rank, world, device, started_pg),
+                        prefetch=depth, pin=device.type == "cuda" and not source.on_device)
+
+
+@dataclass
+class TrainState:
+    """What one step changes, and what a checkpoint holds."""
+
+    module: TTTModule
+    model: nn.Module  # ``module``, or the DDP wrapper around it
+    params: list[nn.Parameter]
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    step: int = 0
+
+
+def train_step(state: TrainState, batch: dict[str, torch.Tensor], cfg: TrainConfig, autocast: Any,
+               world: int) -> dict[str, Any]:
+    """One optimizer step on ``batch`` (already on the device); returns the step's metrics
+    (all-reduced over ranks), without ``step`` and ``epoch``."""
+    with autocast:
+        loss, stats = state.model(batch)
+    state.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(state.params, cfg.grad_clip)
+    lr = state.sched.get_last_lr()[0]
+    state.opt.step()
+    state.sched.step()
+    state.step += 1
+    stats = stats.detach().float()
+    if world > 1:
+        import torch.distributed as dist
+
+        stats[0] *= stats[2]  # loss sums, so ranks are weighted by their token counts
+        dist.all_reduce(stats)
+        stats[0] /= stats[2].clamp_min(1)
+    acc = (stats[1] / stats[2].clamp_min(1)).tolist()
+    chained = (stats[3] / stats[2].clamp_min(1)).tolist()
+    # the logged loss is recomposed from the (all-reduced) per-position losses
+    total_loss = sum(cfg.ttt_decay ** k * float(v) for k, v in enumerate(stats[0]))
+    return {"lr": lr, "loss": total_loss, "grad_norm": float(grad_norm),
+            **{f"loss_{k}": float(v) for k, v in enumerate(stats[0])},
+            **{f"acc_{k}": a for k, a in enumerate(acc)},
+            **{f"chain_{k}": c for k, c in enumerate(chained)}}
+
+
+def run_training(cfg: TrainConfig, source: TrainingSource, *, resume: bool = True,
+                 dist: tuple[int, int, torch.device, bool] | None = None, prefetch: int = 0,
+                 pin: bool = False, scalar_prefix: str = "train") -> TrainResult:
+    """The training loop over any :mod:`source <vllm_compat.eagle3.sources>`: models,
+    optimizer, resume from the newest checkpoint, the steps, logs, checkpoints, ``final/``.
+    The caller holds the output directory's lock and has written ``train_config.json``.
+    ``prefetch``: steps the source may build ahead; ``pin``: pin each batch (CUDA)."""
+    rank, world, device, started_pg = dist if dist is not None else _dist()
+    out = Path(cfg.output_dir)
+    try:
+        return _run(cfg, source, resume, rank, world, device, started_pg, out, prefetch, pin, scalar_prefix)
+    finally:
+        source.close()
+
+
+def _run(cfg: TrainConfig, source: TrainingSource, resume: bool, rank: int, world: int,
+         device: torch.device, started_pg: bool, out: Path, prefetch: int, pin: bool,
+         scalar_prefix: str) -> TrainResult:
+    n = len(source)
+    draft, target, dcfg = build_models(cfg, source)
     module = TTTModule(draft, target, cfg.ttt_steps, cfg.ttt_decay).to(device)
     model: nn.Module = module
     if world > 1:
@@ -425,55 +413,35 @@ def train(cfg: TrainConfig, *, resume: bool = True,
         model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
     params = [p for p in module.draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    steps_per_epoch = len(epoch_order(len(dataset), cfg.seed, 0, rank, world)) // cfg.batch_size
+    steps_per_epoch = len(epoch_order(n, cfg.seed, 0, rank, world)) // cfg.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"{len(dataset)} samples are fewer than batch_size x world_size = {cfg.batch_size * world}")
+        raise ValueError(f"{n} samples are fewer than batch_size x world_size = {cfg.batch_size * world}")
     total = steps_per_epoch * cfg.epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, total, cfg.min_lr_ratio))
+    state = TrainState(module, model, params, opt, sched)
 
-    step = 0
-    found = _checkpoints(out)
-    if rank == 0:
-        for stale in (out / CHECKPOINTS).glob("*.tmp"):  # a save that a kill interrupted
-            stale.unlink(missing_ok=True)
-        if found and not resume:  # starting over: a later resume must not pick these up
-            for old in found:
-                old.unlink()
-    if not resume:
-        found = []
+    found = prepare_resume(out, resume, rank)
     if found:
-        state = load_checkpoint(found[-1])
-        if (state["num_samples"], state["world_size"], state["batch_size"]) != (len(dataset), world, cfg.batch_size):
-            raise TrainingCheckpointError(
-                f"{found[-1]} was written for {state['num_samples']} samples, world size {state['world_size']}, "
-                f"batch size {state['batch_size']}; now {len(dataset)}, {world}, {cfg.batch_size}: the data "
-                "order would differ, so resuming would not be exact (start over with resume=False / --no-resume)"
-            )
-        was = (state.get("seed", cfg.seed), state.get("total_steps", total))
-        if was != (cfg.seed, total):
-            raise TrainingCheckpointError(
-                f"{found[-1]} was written for seed {was[0]} and a {was[1]}-step schedule; now seed "
-                f"{cfg.seed} and {total} steps (epochs={cfg.epochs}): the data order or learning rates "
-                "would differ, so resuming would not be exact (start over with resume=False / --no-resume)")
-        module.draft.load_state_dict(state["draft"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
-        step = int(state["step"])
+        saved = load_checkpoint(found[-1])
+        check_resumable(found[-1], saved, num_samples=n, world_size=world, batch_size=cfg.batch_size,
+                        seed=cfg.seed, total_steps=total, epochs=cfg.epochs)
+        module.draft.load_state_dict(saved["draft"])
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["rng"])
+        state.step = int(saved["step"])
+    step = state.step
     stop = total if cfg.max_steps is None else min(total, cfg.max_steps)
 
     names = _metric_names(cfg.ttt_steps)
-    sampler = StepBatches(len(dataset), cfg.batch_size, steps_per_epoch, cfg.seed, step, stop, rank, world)
-    # on-device samples: padding is a few device copies, launched asynchronously, so no thread
-    depth = cfg.prefetch if cfg.prefetch is not None else (3 if device.type == "cuda" and not on_device else 0)
-    pin = device.type == "cuda" and not on_device
+    sampler = StepBatches(n, cfg.batch_size, steps_per_epoch, cfg.seed, step, stop, rank, world)
 
-    def make_batch(idx: list[int]) -> dict[str, torch.Tensor]:
+    def make_batch(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         # collate looked up at call time: tests slow it down to kill mid-step
-        b = collate([dataset[i] for i in idx])
+        b = collate(samples)
         return {k: v.pin_memory() for k, v in b.items()} if pin else b
 
-    batches = prefetched(make_batch, sampler, depth)
+    batches = source.batches(sampler, make_batch, prefetch)
     tb = None
     if rank == 0:
         _reset_csv(out / METRICS_CSV, names, step)
@@ -497,53 +465,35 @@ def train(cfg: TrainConfig, *, resume: bool = True,
         epoch, offset = divmod(step, steps_per_epoch)
         idx = sampler.indices(step)
         batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
-        with autocast:
-            loss, stats = model(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        lr = sched.get_last_lr()[0]
-        opt.step()
-        sched.step()
-        step += 1
-        stats = stats.detach().float()
-        if world > 1:
-            import torch.distributed as dist
-
-            stats[0] *= stats[2]  # loss sums, so ranks are weighted by their token counts
-            dist.all_reduce(stats)
-            stats[0] /= stats[2].clamp_min(1)
-        acc = (stats[1] / stats[2].clamp_min(1)).tolist()
-        chained = (stats[3] / stats[2].clamp_min(1)).tolist()
-        # the logged loss is recomposed from the (all-reduced) per-position losses
-        total_loss = sum(cfg.ttt_decay ** k * float(v) for k, v in enumerate(stats[0]))
-        last = {"step": step, "epoch": epoch, "lr": lr, "loss": total_loss,
-                "grad_norm": float(grad_norm), **{f"loss_{k}": float(v) for k, v in enumerate(stats[0])},
-                **{f"acc_{k}": a for k, a in enumerate(acc)},
-                **{f"chain_{k}": c for k, c in enumerate(chained)}}
+        metrics = train_step(state, batch, cfg, autocast, world)
+        step = state.step
+        last = {"step": step, "epoch": epoch, **metrics}
         if rank == 0:
             with (out / METRICS_CSV).open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=names).writerow(last)
             # every rank's samples of this step (rank-major), from the same pure function
             shown = [i for r in range(world) for i in (idx if r == rank else epoch_order(
-                len(dataset), cfg.seed, epoch, r, world)[offset * cfg.batch_size:(offset + 1) * cfg.batch_size])]
+                n, cfg.seed, epoch, r, world)[offset * cfg.batch_size:(offset + 1) * cfg.batch_size])]
             with (out / DATA_ORDER_CSV).open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=ORDER_NAMES).writerow(
                     {"step": step, "epoch": epoch, "samples": " ".join(map(str, shown))})
+            extra = source.scalars()
             if tb is not None:
                 for k, v in last.items():
                     if k not in ("step", "epoch"):
-                        tb.add_scalar(f"train/{k}", v, step)
+                        tb.add_scalar(f"{scalar_prefix}/{k}", v, step)
+                for k, v in extra.items():
+                    tb.add_scalar(k, v, step)
             if step % cfg.checkpoint_every == 0 or step == stop:
                 save_checkpoint(out, {
                     "step": step, "draft": module.draft.state_dict(), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
-                    "draft_config": dcfg.to_json(), "num_samples": len(dataset), "world_size": world,
+                    "draft_config": dcfg.to_json(), "num_samples": n, "world_size": world,
                     "batch_size": cfg.batch_size, "seed": cfg.seed, "total_steps": total,
                 }, cfg.keep_checkpoints)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{acc[0]:.2f}")
+                bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{last['acc_0']:.2f}", **source.progress())
     if bar is not None:
         bar.close()
     if rank == 0:

@@ -26,7 +26,9 @@ This module does not import vLLM; the engine side is :mod:`vllm_compat.runtime.e
 
 from __future__ import annotations
 
-from .extractor import ExtractedSample, HiddenStatesExtractor, extract_hidden_states
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 from .layers import (
     eagle3_default_layers,
     from_hf_indices,
@@ -34,6 +36,22 @@ from .layers import (
     to_speculators_indices,
     validate_layer_ids,
 )
+
+if _TYPE_CHECKING:
+    from .extractor import ExtractedSample, HiddenStatesExtractor, extract_hidden_states
+
+_LAZY = ("ExtractedSample", "HiddenStatesExtractor", "extract_hidden_states")
+
+
+def __getattr__(name: str) -> _Any:
+    # the extractor (torch) is imported on first use, so that the layer numbering in
+    # .layers stays importable without torch (vllm_compat.speculators promises that)
+    if name in _LAZY:
+        from . import extractor
+
+        return getattr(extractor, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ExtractedSample", "HiddenStatesExtractor", "eagle3_default_layers", "extract_hidden_states",

@@ -31,10 +31,22 @@ from ..errors import InvalidLayerIdError
 from ..target import hidden_size_from_config, num_layers_from_config, read_model_config
 
 __all__ = [
-    "eagle3_default_layers", "from_hf_indices", "from_speculators_indices",
+    "SPECULATORS_OFFSET", "eagle3_default_aux", "eagle3_default_layers", "from_hf_indices", "from_speculators_indices",
     "num_layers_from_config", "hidden_size_from_config", "read_model_config",
     "to_speculators_indices", "validate_layer_ids",
 ]
+
+
+# speculators 0.3/0.4 id i (output of decoder layer i) is this convention's i + 1
+SPECULATORS_OFFSET = 1
+
+
+def eagle3_default_aux(num_layers: int) -> tuple[int, int, int]:
+    """The EAGLE-3 aux formula ``(2, L//2, L-3)`` as vLLM has it, duplicates kept (tiny
+    models): the one place the formula is written; :func:`eagle3_default_layers` and
+    :mod:`vllm_compat.speculators.layers` build on it."""
+    L = _as_int(num_layers, "num_layers")
+    return (2, L // 2, L - 3)
 
 
 def _as_int(value: Any, what: str, exc: type[ValueError] = InvalidLayerIdError) -> int:
@@ -91,7 +103,7 @@ def eagle3_default_layers(num_layers: int, *, include_final: bool = True) -> tup
     if L < 3:
         raise InvalidLayerIdError(f"the EAGLE-3 default set needs num_layers >= 3, got {L}: "
                                   f"pass layer ids explicitly ({_valid_range(L)})")
-    ids = [2, L // 2, L - 3] + ([L] if include_final else [])
+    ids = [*eagle3_default_aux(L)] + ([L] if include_final else [])
     out: list[int] = []
     for k in ids:
         if k not in out:
@@ -136,7 +148,7 @@ def from_speculators_indices(indices: Iterable[Any], num_layers: int) -> tuple[i
             raise InvalidLayerIdError(f"speculators layer id {k} is out of range 0..{L - 1} "
                                       f"(id k is the output of decoder layer k; the target has "
                                       f"{L} decoder layers)")
-        out.append(k + 1)
+        out.append(k + SPECULATORS_OFFSET)
     return validate_layer_ids(out, L)
 
 
@@ -146,7 +158,7 @@ def to_speculators_indices(layer_ids: Iterable[Any], num_layers: int) -> tuple[i
     if 0 in ids:
         raise InvalidLayerIdError("layer id 0 (embeddings) has no speculators 0.3/0.4 "
                                   "equivalent: their ids start at the output of layer 0 (our 1)")
-    return tuple(k - 1 for k in ids)
+    return tuple(k - SPECULATORS_OFFSET for k in ids)
 
 
 def resolve_layer_ids(layer_ids: Sequence[Any] | None, num_layers: int) -> tuple[int, ...]:

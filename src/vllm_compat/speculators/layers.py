@@ -18,13 +18,17 @@ id, in ascending layer order, whatever order the ids came in.
 ``VllmHiddenStatesGenerator`` reads ids the speculators way unless told otherwise
 (``layer_convention="vllm"``). The ``legacy`` names below are the speculators numbering.
 
-Pure arithmetic, no torch, no vLLM.
+Pure arithmetic, no torch, no vLLM. The numbering itself (the EAGLE-3 default formula, the
+one-layer offset between the two conventions) lives in :mod:`vllm_compat.extract.layers`;
+this module adds speculators' spellings, defaults and messages on top of it.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Sequence
+
+from ..extract.layers import SPECULATORS_OFFSET, eagle3_default_aux
 
 SPECULATORS = "speculators"  # id i = output of decoder layer i (speculators 0.3/0.4)
 VLLM = "vllm"  # id k = state entering decoder layer k (vLLM / EAGLE-3)
@@ -101,13 +105,13 @@ def default_layer_ids(num_layers: int) -> list[int]:
     This is the list speculators >= 0.5 asks vLLM's ``extract_hidden_states`` for.
     """
     _check_num_layers(num_layers)
-    return [2, num_layers // 2, num_layers - 3, num_layers]
+    return [*eagle3_default_aux(num_layers), num_layers]
 
 
 def legacy_default_layer_ids(num_layers: int) -> list[int]:
     """speculators 0.3/0.4's default ``[2, L//2, L-3, L-1]`` (speculators numbering)."""
     _check_num_layers(num_layers)
-    return [2, num_layers // 2, num_layers - 3, num_layers - 1]
+    return [*eagle3_default_aux(num_layers), num_layers - 1]
 
 
 def from_legacy(layer_ids: Sequence[int], num_layers: int | None = None) -> list[int]:
@@ -115,7 +119,7 @@ def from_legacy(layer_ids: Sequence[int], num_layers: int | None = None) -> list
     ids = _ints(layer_ids, "layer_ids")
     if num_layers is not None:
         validate_legacy(ids, num_layers)
-    return [i + 1 for i in ids]
+    return [i + SPECULATORS_OFFSET for i in ids]
 
 
 def to_legacy(layer_ids: Sequence[int], num_layers: int | None = None) -> list[int]:
@@ -126,7 +130,7 @@ def to_legacy(layer_ids: Sequence[int], num_layers: int | None = None) -> list[i
     if any(i == 0 for i in ids):
         raise ValueError("layer id 0 (the embeddings) cannot be expressed in the "
                          "speculators 0.3/0.4 numbering (its ids start after layer 0)")
-    return [i - 1 for i in ids]
+    return [i - SPECULATORS_OFFSET for i in ids]
 
 
 def validate(layer_ids: Sequence[int], num_layers: int) -> list[int]:
