@@ -58,8 +58,11 @@ def _is_empty(path: Path) -> bool:
 
 
 def describe_progress(output: str | os.PathLike[str]) -> str:
-    """What an interrupted step left in ``<output>.partial``, for the Ctrl-C line."""
+    """What an interrupted step left (in ``<output>.partial``, or in ``<output>`` when it
+    worked there), for the Ctrl-C line."""
     work = partial_path(output)
+    if not work.exists():
+        work = Path(os.path.normpath(output))
     if not work.exists() or _is_empty(work):
         return "nothing was written"
     manifest = work / "manifest.json"

@@ -289,3 +289,17 @@ def test_ctrl_c_during_extract_says_what_is_done_and_resumes(prepared, target, t
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["samples"] == 200
     assert (tmp_path / "ds" / "manifest.json").exists() and not (tmp_path / "ds.partial").exists()
+
+
+def test_speculators_offline_entry_point_follows_the_contract(tmp_path):
+    exe = Path(CLI).with_name("vllm-compat-speculators-offline")
+    r = subprocess.run([str(exe), "--target-model-path", "m", "--train-data-path", "raw-data",
+                        "--output-dir", "out"], cwd=tmp_path, env=_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if "vllm-compat-speculators-offline" in line]
+    assert len(errors) == 1 and "raw-data is not tokenized input" in errors[0], r.stderr
+    r = subprocess.run([str(exe), "--target-model-path", "m"], cwd=tmp_path, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    _refused(r, "--train-data-path")
