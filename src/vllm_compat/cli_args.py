@@ -154,7 +154,7 @@ def json_object(value: str) -> dict:
     """A JSON object given on the command line (``--engine-kwargs``)."""
     try:
         obj = json.loads(value)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise _bad(f"not valid JSON ({exc.msg} at column {exc.colno}): {value}") from None
     if not isinstance(obj, dict):
         raise _bad(f"a JSON object ({{\"key\": value}}) is expected, got {value}")
