@@ -11,16 +11,21 @@
     nox -s speculators09              # speculators 0.9.0's own commands against serve-hidden-states
     nox -s demo                       # install vLLM (newest release, CPU) and run the quick start
     nox -s matrix_report              # support table from the last conformance results
+    nox -s package                    # build sdist + wheel, twine check, install the wheel, run it
 """
 
 from __future__ import annotations
 
+import email
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import nox
@@ -40,7 +45,7 @@ RESULTS = ROOT / "matrix" / "results"
 PYTHON = "3.11"  # vLLM 0.32+ needs >= 3.11; the local CPU torch wheel is cp311
 
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["unit", "typecheck", "conformance_ci"]
+nox.options.sessions = ["unit", "typecheck", "package", "conformance_ci"]
 nox.options.reuse_existing_virtualenvs = True
 
 TEST_ENV = {
@@ -336,3 +341,42 @@ def demo(session: nox.Session) -> None:
 def matrix_report(session: nox.Session) -> None:
     """Write docs/support-matrix.md and the README support table from matrix/results/*.json."""
     session.run(sys.executable, str(ROOT / "matrix" / "report.py"))
+
+
+# A markdown link or image whose target is not absolute: broken on an index page.
+RELATIVE_LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s]+)\)")
+
+
+def long_description_problems(wheel: Path) -> list[str]:
+    """The relative links left in the wheel's long description (its METADATA body)."""
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        body = email.message_from_bytes(zf.read(name)).get_payload()
+    assert isinstance(body, str) and body.strip(), f"{wheel.name}: no long description"
+    return RELATIVE_LINK.findall(body)
+
+
+@nox.session(python=PYTHON)
+def package(session: nox.Session) -> None:
+    """What a release publishes: sdist + wheel (``uv build``), ``twine check --strict``, no
+    relative link in the long description, the wheel installed alone in a clean venv runs."""
+    session.install("twine>=6.1", "uv")
+    dist = Path(session.create_tmp()) / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("uv", "build", "--out-dir", str(dist), str(ROOT))
+    files = sorted(dist.glob("*.whl")) + sorted(dist.glob("*.tar.gz"))
+    if len(files) != 2:
+        session.error(f"expected one wheel and one sdist in {dist}, found {[f.name for f in files]}")
+    session.run("twine", "check", "--strict", *map(str, files))
+    wheel = files[0]
+    relative = long_description_problems(wheel)
+    if relative:
+        session.error(f"relative links in the long description: {relative}")
+    venv = Path(session.create_tmp()) / "clean-venv"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("uv", "venv", "-q", "-p", PYTHON, str(venv))
+    session.run("uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(wheel))
+    out = session.run(str(venv / "bin" / "vllm-compat"), "--version", silent=True, external=True)
+    if out is not None and out.strip() != f"vllm-compat {wheel.name.split('-')[1]}":
+        session.error(f"the installed wheel says {out.strip()!r}")
+    session.log(f"{wheel.name}: {out.strip() if out else ''}")

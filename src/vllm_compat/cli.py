@@ -93,30 +93,43 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vllm-compat", description=__doc__)
+    """Every command under one error contract (:mod:`vllm_compat.cli_errors`): exit 2 and a
+    line or two for a user's mistake, 1 for an internal failure (``--debug`` shows the
+    traceback), 130 for Ctrl-C."""
+    from .cli_errors import ContractParser, print_commands, run_command
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = ContractParser(prog="vllm-compat", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"vllm-compat {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
     doctor = sub.add_parser("doctor", help="installed vLLM version, era, runner, capabilities")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--drift", action="store_true",
                         help="compare the installed vLLM with the surface vllm_compat relies on "
                              "and the nearest tested release; exit 1 on drift that affects a "
                              "capability")
+    doctor.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     doctor.set_defaults(func=_doctor)
     from .eagle3.cli import add_parser as add_eagle3_parser  # `vllm-compat eagle3 <step>`
+    from .eagle3.cli import run_step
 
     add_eagle3_parser(sub)
     from .serve.cli import add_parser as add_serve_parser  # `vllm-compat serve-hidden-states`
     from .serve.cli import split_vllm_args
 
     add_serve_parser(sub)
-    ours, tail = split_vllm_args(sys.argv[1:] if argv is None else argv)
+    ours, tail = split_vllm_args(argv)
     args = parser.parse_args(ours)
+    if args.command is None:  # `vllm-compat` alone: the commands, not argparse's names
+        return print_commands(parser)
     if tail:  # `serve-hidden-states ... -- <vllm serve flags>`, as launch_vllm.py takes them
         if args.command != "serve-hidden-states":
             parser.error(f"unrecognized arguments: -- {' '.join(tail)}")
         args.vllm_args = tail
-    return args.func(args)
+    if args.command == "eagle3":
+        return run_step(args, argv)
+    return run_command(args.func, args, prog=f"vllm-compat {args.command}", argv=argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

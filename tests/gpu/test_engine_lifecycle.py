@@ -11,8 +11,8 @@
   between the extractor's cycles: it runs its engine core in a process of its own (an
   extractor left nothing set that would pull it into this process), its greedy outputs are
   the same each time, and the memory comes back after each close.
-* ``vllm-compat eagle3 evaluate`` with one configuration made to fail (a draft directory that
-  does not exist): the command exits 1 and names it on stderr, the other configurations are
+* ``vllm-compat eagle3 evaluate`` with one configuration made to fail (a draft directory whose
+  config.json is no draft's; a directory that does not exist is refused when parsed): the command exits 1 and names it on stderr, the other configurations are
   measured and kept in ``evaluate.json``.
 
 Each engine gets a fixed KV cache of ``KV_BYTES`` (1 GiB, or
@@ -224,8 +224,10 @@ def test_evaluate_with_a_failing_configuration_fails_and_keeps_the_others(llama,
     chunks.write_text("".join(json.dumps({"path": f"c{i}", "prompt": text[i * 3000:(i + 1) * 3000],
                                           "completion": ""}) + "\n" for i in range(8)))
     out = tmp_path / "eval"
-    missing = tmp_path / "no-such-draft"
-    rc = cli.main(["eagle3", "evaluate", target, "--draft", str(missing), "--prompts", str(chunks),
+    broken = tmp_path / "not-a-draft"  # passes the argument check, fails in vLLM
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    rc = cli.main(["eagle3", "evaluate", target, "--draft", str(broken), "--prompts", str(chunks),
                    "-o", str(out), "--k", "2", "--ngram-k", "2", "--prompt-len", "32", "--max-tokens", "32",
                    "--batch-prompts", "4", "--batch1-prompts", "2", "--enforce-eager",
                    "--gpu-memory-utilization", "0.05", "--max-model-len", str(M.MAX_LEN),

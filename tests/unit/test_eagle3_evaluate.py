@@ -33,6 +33,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("eval")
     target = root / "target"
     target.mkdir()
+    (target / "config.json").write_text("{}")  # the command checks a model directory has one
     train_bpe(texts=[TEXT], vocab_size=300).save(str(target / "tokenizer.json"))
     chunks = root / "eval.jsonl"
     chunks.write_text("".join(json.dumps({"path": f"m{i}.py", "prompt": TEXT[i * 50:], "completion": ""})
@@ -116,6 +117,7 @@ def _cli_args(files: dict[str, Path], out: Path, **engine) -> list[str]:
 
 def test_cli_exits_1_and_names_the_failed_configuration_on_stderr(files, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(E, "run_cell", H.cell)  # the engine side, as above
+    monkeypatch.setattr(cli, "vllm_can_run", lambda: (True, ""))  # the cells need no vLLM
     assert cli.main(_cli_args(files, tmp_path / "bad", fail="eagle3-k3")) == 1
     cap = capsys.readouterr()
     assert "evaluate: eagle3-k3 FAILED: ValueError: num_speculative_tokens=3 is not possible" in cap.err

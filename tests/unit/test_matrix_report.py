@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -12,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _report():
     spec = importlib.util.spec_from_file_location("matrix_report", ROOT / "matrix" / "report.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass looks its module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -37,3 +39,47 @@ def test_table_has_the_drift_check_of_each_run(tmp_path):
         "| 0.31.0 | v0_29 | pass | 38 | 0 | 0 | not recorded | 120 | 2026-11-29T10:48:28Z |",
         "| 0.32.0 | v0_29 | not run | | | | | | |",
     ]
+
+
+def test_pages_say_what_the_results_say():
+    """docs/support-matrix.md and the README's table and summary are what matrix/results/
+    holds (after a conformance run: `nox -s matrix_report`)."""
+    assert _report().check(ROOT) == []
+
+
+def _copy_repo(dst: Path) -> Path:
+    for rel in ("README.md", "docs/support-matrix.md", "matrix/NOTES.md", "matrix/releases.toml",
+                *(str(p.relative_to(ROOT)) for p in (ROOT / "matrix" / "results").glob("*.json"))):
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dst / rel).write_bytes((ROOT / rel).read_bytes())
+    return dst
+
+
+def test_check_finds_a_page_the_results_no_longer_support(tmp_path):
+    report = _report()
+    root = _copy_repo(tmp_path)
+    assert report.main(["--check", "--root", str(root)]) == 0
+    result = root / "matrix" / "results" / "0.30.0.json"
+    r = json.loads(result.read_text())
+    result.write_text(json.dumps(dict(r, passed=False, failures=1, tests=120)))
+    stale = report.check(root)
+    assert [line.split()[0] for line in stale] == ["docs/support-matrix.md", "README.md's"]
+    assert report.main(["--check", "--root", str(root)]) == 1
+    assert report.main(["--root", str(root)]) == 0  # regenerate: the pages follow the results
+    assert report.check(root) == []
+    readme = (root / "README.md").read_text()
+    assert "failing on 0.30.0" in readme and "102–120 tests per release" in readme
+    assert "| 0.30.0 | v0_29 | **FAIL** | 119 | 0 | 1 |" in readme
+
+
+def test_check_finds_prose_edited_against_the_table(tmp_path):
+    report = _report()
+    root = _copy_repo(tmp_path)
+    page = root / "docs" / "support-matrix.md"
+    page.write_text(page.read_text().replace("102–113 tests", "51 tests"))
+    assert report.check(root) == ["docs/support-matrix.md differs from matrix/results/ "
+                                  "(run `nox -s matrix_report`)"]
+    readme = root / "README.md"
+    page.write_text(report.page(root))
+    readme.write_text(readme.read_text().replace("**0.10.2 to 0.33.0**", "**0.10.2 to 0.33.x**"))
+    assert report.check(root) == ["README.md does not state the tested range as **0.10.2 to 0.33.0**"]

@@ -16,11 +16,12 @@ state entering decoder layer ``k``, ``L`` (``num_hidden_layers``) the final one.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 from typing import Any, Sequence
+
+from ..cli_args import json_object
 
 __all__ = ["add_parser", "build_service", "layer_ids_like_launch_vllm", "main", "run",
            "split_vllm_args"]
@@ -77,7 +78,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="prompt tokens held likewise (default: max(max_model_len, 65536))")
     g.add_argument("--max-waiting-requests", type=int, default=4096,
                    help="requests waiting for admission before the server answers 503")
-    g.add_argument("--engine-kwargs", help="JSON of more vllm.LLM keywords")
+    g.add_argument("--engine-kwargs", type=json_object, help="JSON of more vllm.LLM keywords")
     g.add_argument("--log-level", default="info")
     g.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
     p.set_defaults(func=run, vllm_args=[])  # vllm serve flags after --: see split_vllm_args
@@ -122,6 +123,10 @@ def _vllm_tail(args: argparse.Namespace, tail: list[str]) -> None:
 def _local_model(model: str) -> str:
     if os.path.isdir(model):
         return model
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1:  # a path, not ORG/NAME
+        what = "is a file" if os.path.exists(model) else "does not exist"
+        raise FileNotFoundError(f"{model} {what}: MODEL is a local checkpoint directory or a "
+                                "Hugging Face model id (ORG/NAME)")
     from huggingface_hub import snapshot_download  # comes with transformers
 
     try:
@@ -160,7 +165,7 @@ def build_service(args: argparse.Namespace) -> Any:
         if args.dtype:
             kw["dtype"] = args.dtype
         if args.engine_kwargs:
-            kw.update(json.loads(args.engine_kwargs))
+            kw.update(args.engine_kwargs)
     if args.trust_remote_code:
         kw["trust_remote_code"] = True
     extractor = HiddenStatesExtractor(target, layer_ids=ids, backend=args.backend,
@@ -184,19 +189,12 @@ def build_service(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted. A user mistake (a bad flag value, a missing checkpoint, an
-    unsupported choice) ends with one line on stderr and exit code 2; ``--debug`` (or
+    """Serve until interrupted. Errors follow :mod:`vllm_compat.cli_errors` (the command
+    line runs this under it): a user mistake (a bad flag value, a missing checkpoint, an
+    unsupported choice) is one line on stderr and exit code 2; ``--debug`` (or
     ``VLLM_COMPAT_DEBUG=1``) shows the traceback instead."""
-    from ..errors import VllmCompatError
-
-    try:
-        _vllm_tail(args, args.vllm_args)
-        return _serve(args)
-    except (ValueError, FileNotFoundError, VllmCompatError) as exc:
-        if args.debug or os.environ.get("VLLM_COMPAT_DEBUG") == "1":
-            raise
-        print(f"vllm-compat serve-hidden-states: error: {exc}", file=sys.stderr)
-        return 2
+    _vllm_tail(args, args.vllm_args)
+    return _serve(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -229,12 +227,16 @@ def split_vllm_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m vllm_compat.serve.cli MODEL ...`` (the same as ``vllm-compat
     serve-hidden-states MODEL ...``)."""
-    parser = argparse.ArgumentParser(prog="vllm-compat")
+    from ..cli_errors import ContractParser, run_command
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = ContractParser(prog="vllm-compat")
     add_parser(parser.add_subparsers(dest="command", required=True))
-    ours, tail = split_vllm_args(sys.argv[1:] if argv is None else argv)
+    ours, tail = split_vllm_args(argv)
     args = parser.parse_args(["serve-hidden-states", *ours])
     args.vllm_args = tail
-    return int(args.func(args))
+    return run_command(args.func, args, prog="vllm-compat serve-hidden-states",
+                       argv=["serve-hidden-states", *argv])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -416,8 +416,10 @@ def _default_tp() -> int:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m vllm_compat.speculators.offline",
+    from ..cli_errors import ContractParser
+
+    p = ContractParser(
+        prog="vllm-compat-speculators-offline",
         description="Generate EAGLE-3 training data offline (speculators 0.3/0.4 data format v1)")
     p.add_argument("--target-model-path", required=True)
     p.add_argument("--tensor-parallel-size", type=int, default=None,
@@ -438,6 +440,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start-idx", type=int, default=0)
     p.add_argument("--num-preprocessing-workers", type=int, default=8)
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback of a failure (also VLLM_COMPAT_DEBUG=1)")
     # vllm_compat additions
     p.add_argument("--layer-convention", choices=CONVENTIONS, default=None,
                    help="numbering of --layer-ids: 'speculators' (the default, as speculators "
@@ -477,10 +481,12 @@ def load_dataset_for(args: argparse.Namespace) -> Any:
         try:
             from speculators.data_generation.preprocessing import load_and_preprocess_dataset
         except ImportError as exc:
-            raise SystemExit(
+            from ..cli_errors import UsageError
+
+            raise UsageError(
                 f"{args.train_data_path} is not tokenized input (.jsonl/.json with input_ids, or "
-                f"a save_to_disk dir); raw data needs speculators' preprocessing: "
-                f"pip install 'vllm-compat[speculators]' ({exc})") from None
+                f"a save_to_disk dir) ({exc})", "raw data needs speculators' preprocessing: "
+                "pip install 'vllm-compat[speculators]'") from None
         ds, _ = load_and_preprocess_dataset(
             target_model_path=args.target_model_path, train_data_path=args.train_data_path,
             seq_length=args.seq_length, build_dataset_num_proc=args.num_preprocessing_workers,
@@ -492,16 +498,32 @@ def load_dataset_for(args: argparse.Namespace) -> Any:
     return ds
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s - %(name)s - %(levelname)s - %(message)s")
-    # vLLM workers must not fork a process that has touched CUDA (speculators #223).
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    args = parse_args(argv)
+def _run(args: argparse.Namespace) -> int:
     dataset = load_dataset_for(args)
     n = generate_and_save_hidden_states(args, dataset)
     log.info("Saved %d files to %s", n, args.output_dir)
     return 0
+
+
+def _written(args: argparse.Namespace) -> str:
+    n = len(list(Path(args.output_dir).glob("data_*.pt"))) if Path(args.output_dir).is_dir() else 0
+    return f"{n} data_*.pt files are complete in {args.output_dir}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The drop-in for speculators' ``data_generation_offline.py``, under the error contract
+    of :mod:`vllm_compat.cli_errors`. Files go straight into ``--output-dir`` as speculators'
+    script writes them (forks read them there while it runs); a rerun resumes."""
+    from ..cli_errors import run_command
+
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s - %(name)s - %(levelname)s - %(message)s")
+    # vLLM workers must not fork a process that has touched CUDA (speculators #223).
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    return run_command(_run, args, prog="vllm-compat-speculators-offline", argv=argv,
+                       on_interrupt=lambda: _written(args))
 
 
 if __name__ == "__main__":
