@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("resolve",),
     ("adapters",),
     ("detect",),
-    ("hashing", "requests", "scheduling", "step", "rpc", "locking", "isolation", "target",
+    ("hashing", "engine_hashing", "hash_check", "requests", "scheduling", "step", "rpc", "locking", "isolation", "target",
      "tokenizer", "extract.layers", "extract.ordering", "extract.staging", "extract.fp8"),
     ("runtime",),
     ("extract",),
