@@ -61,19 +61,21 @@ _owners: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 def _owning_engine_core(scheduler: Any) -> Any:
     """The EngineCore whose ``scheduler`` is ``scheduler``, or None (a standalone scheduler).
 
-    The scheduler keeps no reference to its engine; its engine's ``__dict__`` refers to it.
-    Looked up once per scheduler (``gc.get_referrers`` walks the heap)."""
+    The scheduler keeps no reference to its engine; the engine refers to it. Looked up once
+    per scheduler (``gc.get_referrers`` walks the heap)."""
     with _owner_lock:
         if scheduler in _owners:
             owner = _owners[scheduler]
             return owner() if owner is not None else None
         found = None
+        # CPython 3.11+ keeps most instance attributes inline: the referrer is the engine
+        # itself; older layouts (or a materialised __dict__) refer through that dict
         for ref in gc.get_referrers(scheduler):
-            if isinstance(ref, dict) and ref.get("scheduler") is scheduler:
-                for owner in gc.get_referrers(ref):
-                    if _is_engine_core(owner) and getattr(owner, "__dict__", None) is ref:
-                        found = owner
-                        break
+            if _is_engine_core(ref) and getattr(ref, "scheduler", None) is scheduler:
+                found = ref
+            elif isinstance(ref, dict) and ref.get("scheduler") is scheduler:
+                found = next((o for o in gc.get_referrers(ref) if _is_engine_core(o)
+                              and getattr(o, "__dict__", None) is ref), None)
             if found is not None:
                 break
         _owners[scheduler] = weakref.ref(found) if found is not None else None
