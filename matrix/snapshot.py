@@ -3,7 +3,8 @@
     python matrix/snapshot.py [--out-dir DIR]
 
 Writes ``<DIR>/<vLLM version>.json`` (default: ``src/vllm_compat/snapshots``): what the resolver
-finds of every symbol of ``vllm_compat.surface`` and every probe value, the record that
+finds of every symbol of ``vllm_compat.surface``, every probe value, and the engine's block
+hashes of fixed probe requests per hash algorithm (``hash_fingerprint``), the record that
 ``vllm-compat doctor --drift`` compares an untested build with. ``nox -s conformance`` runs it
 for each release; ``nox -s "snapshot(vllm='X')"`` only introspects (no tests).
 """
@@ -20,10 +21,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def record() -> dict:
+    from vllm_compat import hash_check
     from vllm_compat import resolve as _resolve
 
-    return {"vllm": importlib.metadata.version("vllm"), "probes": _resolve.probe_values(),
-            "surface": _resolve.survey()}
+    rec = {"vllm": importlib.metadata.version("vllm"), "probes": _resolve.probe_values(),
+           "surface": _resolve.survey()}
+    # the engine's block hashes of fixed probe requests per algorithm: doctor --drift tells a
+    # build that hashes otherwise than this release (absent where it cannot be computed)
+    try:
+        rec["hash_fingerprint"] = hash_check.fingerprint()
+    except Exception as exc:  # noqa: BLE001 - recorded as not recorded, never a failure
+        print(f"hash fingerprint not recorded: {type(exc).__name__}: {exc}")
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:

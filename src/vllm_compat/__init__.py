@@ -9,7 +9,7 @@ from __future__ import annotations
 from .detect import VllmInfo, adapter, alias, check_drift, detect, installed_vllm_version
 from .drift import DriftItem, DriftReport
 from .errors import (
-    InvalidLayerIdError, InvalidVllmVersionError, MissingSymbolError, RejectedAliasError,
+    EngineHashMismatchError, InvalidLayerIdError, InvalidVllmVersionError, MissingSymbolError, RejectedAliasError,
     ReturnTypeDriftError,
     SignatureDriftError, StaleBlockHasherError, TargetMismatchError, TrainingCheckpointError,
     UnknownAdapterError, UnsupportedFeatureError, UnsupportedVllmVersionError, VllmCompatError,
@@ -28,7 +28,7 @@ from .versions import parse_vllm_version, route
 __version__ = "0.1.0"
 
 __all__ = [
-    "AUTO", "BlockHasher", "DriftItem", "DriftReport", "FinishedStep", "InvalidLayerIdError",
+    "AUTO", "BlockHasher", "DriftItem", "DriftReport", "EngineHashMismatchError", "FinishedStep", "InvalidLayerIdError",
     "InvalidPromptError", "InvalidVllmVersionError", "MissingSymbolError", "RejectedAliasError",
     "ReturnTypeDriftError",
     "SignatureDriftError", "StaleBlockHasherError", "StepPipeline", "TargetMismatchError",

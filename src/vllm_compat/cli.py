@@ -52,12 +52,30 @@ def _detect_despite_strict(args: argparse.Namespace):
         os.environ["VLLM_COMPAT_STRICT"] = saved
 
 
+def _hash_check(report) -> dict:
+    """The engine's hasher against ours, per algorithm, and the engine's hash fingerprint
+    against the nearest tested release's; the items go into ``report`` (a copy)."""
+    from . import drift, hash_check
+
+    checks = [c.as_dict() for c in hash_check.check_all()]
+    fingerprint = hash_check.fingerprint([hash_check.HashCheck(**c) for c in checks])
+    snapshot = drift.load_snapshot(report.nearest_tested) if report.nearest_tested else None
+    recorded = bool(snapshot and snapshot.get("hash_fingerprint"))
+    report.items = list(report.items) + drift.hash_items(checks, fingerprint, snapshot,
+                                                         report.nearest_tested)
+    return {"checks": checks, "fingerprint": fingerprint,
+            "nearest_fingerprint": "recorded" if recorded else "not recorded"}
+
+
 def _doctor(args: argparse.Namespace) -> int:
+    import copy
+
     from .detect import check_drift
 
     try:
         info, refused = _detect_despite_strict(args)
-        report = check_drift() if args.drift else None
+        report = copy.copy(check_drift()) if args.drift else None
+        hashes = _hash_check(report) if report is not None else None
     except VllmCompatError as exc:
         return _fail(args, exc)
     code = 1 if (report is not None and report.affecting) or refused is not None else 0
@@ -67,6 +85,7 @@ def _doctor(args: argparse.Namespace) -> int:
             out["refused"] = str(refused)
         if report is not None:
             out["drift"] = report.as_dict()
+            out["hash_check"] = hashes
         print(json.dumps(out, indent=2))
         return code
     print(f"vllm-compat {__version__}")
@@ -87,9 +106,19 @@ def _doctor(args: argparse.Namespace) -> int:
     width = max(len(k) for k in info.probes)
     for k, v in info.probes.items():
         print(f"  {k:<{width}}  {_yes_no(v)}")
-    if report is not None:
+    if report is not None and hashes is not None:
+        for c in hashes["checks"]:
+            print(f"hash scheme {_hash_line(c)}")
+        print(f"hash fingerprint {hashes['nearest_fingerprint']} for "
+              f"{report.nearest_tested or 'no tested release'}")
         print(report.format())
     return code
+
+
+def _hash_line(check: dict) -> str:
+    from .hash_check import HashCheck
+
+    return HashCheck(**check).line()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

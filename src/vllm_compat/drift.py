@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from packaging.version import Version
 
@@ -41,6 +41,11 @@ KINDS: dict[str, str] = {
     "param_now_required": "a parameter that was optional on the nearest tested release is required",
     "type_changed": "a field of a class vllm_compat builds or reads back changed its declared type",
     "return_annotation_changed": "a callable's return annotation differs from the nearest tested release",
+    "hash_scheme_changed": "the engine's request hasher gives other block hashes than vllm_compat's "
+                           "for the same request (no prefix-cache hit between the two)",
+    "hash_check_unknown": "the engine's request hasher could not be rebuilt to compare with",
+    "hash_fingerprint_changed": "the engine's block hashes of the fixed probe requests differ from "
+                                "the nearest tested release's (persisted or shared caches miss)",
 }
 
 
@@ -306,6 +311,42 @@ def compare(version: str, era_name: str, probes: Mapping[str, bool | None],
     report.items += _probe_items(probes, era, (snapshot or {}).get("probes") if snapshot else None,
                                  nearest)
     return report
+
+
+def hash_items(checks: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, Any] | None,
+               snapshot: Mapping[str, Any] | None, nearest: str | None) -> list[DriftItem]:
+    """Items for the engine-hash check (``hash_check.check`` results as dicts) and for the
+    engine's hash fingerprint against the one the nearest tested release recorded."""
+    items: list[DriftItem] = []
+    workaround = ("use the engine's own hasher: block_hasher_for(engine_core | llm | scheduler) "
+                  "or make_request(..., block_hasher=...)")
+    for c in checks:
+        symbol = f"EngineCore request hasher ({c['hash_algo']})"
+        if c.get("error"):
+            items.append(DriftItem("hash_check_unknown", symbol, "hashing",
+                                   "the engine's hasher set-up, replayable without a model",
+                                   f"cannot tell: {c['error']}", False))
+        elif c.get("differs"):
+            items.append(DriftItem(
+                "hash_scheme_changed", symbol, "hashing",
+                "the engine's block hashes equal vllm_compat's on the probe requests",
+                f"differs: {c['differs']}", True, workaround))
+    then = (snapshot or {}).get("hash_fingerprint")
+    if fingerprint is None:
+        return items
+    if not isinstance(then, Mapping) or then.get("seed") != fingerprint.get("seed") \
+            or then.get("block_size") != fingerprint.get("block_size"):
+        return items  # not recorded for the nearest tested release: nothing to compare
+    for algo, probes in (fingerprint.get("algos") or {}).items():
+        was = (then.get("algos") or {}).get(algo)
+        if was is None or was == probes:
+            continue
+        changed = [name for name in probes if probes[name] != was.get(name)]
+        items.append(DriftItem(
+            "hash_fingerprint_changed", f"block hashes ({algo})", "hashing",
+            f"the engine's hashes of the probe requests as in {nearest}",
+            "other hashes for " + ", ".join(repr(n) for n in changed), False))
+    return items
 
 
 def check(version: str, era_name: str, probes: Mapping[str, bool | None],

@@ -76,6 +76,32 @@ class RejectedAliasError(VllmDriftError, AttributeError):
     something that does not take the call vllm_compat makes: it is not used."""
 
 
+class EngineHashMismatchError(VllmDriftError):
+    """The engine's request hasher and vllm_compat's give different block hashes for the same
+    request: their requests would never share a prefix-cache block.
+
+    ``differs`` says which side departs from vLLM's own ``hash_block_tokens`` chain under the
+    engine's algorithm: "engine", "vllm_compat", "both", or "engine or vllm_compat" where that
+    chain could not be computed. The workaround is the engine's own hasher.
+    """
+
+    def __init__(self, *, capability: str, vllm_version: str, symbol: str, expected: str,
+                 found: str, workaround: str = "", differs: str = "") -> None:
+        super().__init__(capability=capability, vllm_version=vllm_version, symbol=symbol,
+                         expected=expected, found=found, workaround=workaround)
+        self.differs = differs
+
+    def __reduce__(self):
+        return (_rebuild_mismatch, (self.capability, self.vllm_version, self.symbol,
+                                    self.expected, self.found, self.workaround, self.differs))
+
+
+def _rebuild_mismatch(capability, vllm_version, symbol, expected, found, workaround, differs):
+    return EngineHashMismatchError(capability=capability, vllm_version=vllm_version,
+                                   symbol=symbol, expected=expected, found=found,
+                                   workaround=workaround, differs=differs)
+
+
 class StaleBlockHasherError(VllmCompatError, RuntimeError):
     """vLLM's process-global ``NONE_HASH`` changed after this hasher was built.
 

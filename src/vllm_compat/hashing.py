@@ -10,7 +10,7 @@ from .detect import adapter
 from .errors import StaleBlockHasherError, VllmCompatError
 
 if TYPE_CHECKING:  # vLLM's classes, for the type checker only
-    from .adapters.vllm_types import Request, Scheduler
+    from .adapters.vllm_types import Request
 
 
 _lock = threading.Lock()
@@ -28,10 +28,13 @@ class BlockHasher:
     the hashes would silently stop matching the engine's; we raise instead.
     """
 
-    __slots__ = ("block_size", "hash_algo", "lookahead_tokens", "none_hash", "_fn", "_current")
+    __slots__ = ("block_size", "hash_algo", "lookahead_tokens", "none_hash", "source", "_fn",
+                 "_current")
 
     def __init__(self, fn: Callable[[Any], list[bytes]], none_hash: bytes, block_size: int,
-                 hash_algo: str, lookahead_tokens: int, current: Callable[[], bytes | None]):
+                 hash_algo: str, lookahead_tokens: int, current: Callable[[], bytes | None],
+                 source: str = "vllm_compat"):
+        self.source = source  # "vllm_compat", or "engine": a live engine's own hasher
         self._fn = fn
         self._current = current
         self.none_hash = none_hash
@@ -49,7 +52,8 @@ class BlockHasher:
         return self._fn(request)
 
     def __repr__(self) -> str:
-        return f"BlockHasher(block_size={self.block_size}, hash_algo={self.hash_algo!r})"
+        return (f"BlockHasher(block_size={self.block_size}, hash_algo={self.hash_algo!r}, "
+                f"source={self.source!r})")
 
 
 def _none_hash_for(ad: Any, hash_algo: str, fn: Callable[[Any], bytes]) -> bytes:
@@ -148,11 +152,47 @@ def make_block_hasher(block_size: int, hash_algo: str = "sha256", *,
     return hasher
 
 
-def block_hasher_for(scheduler: Scheduler) -> BlockHasher:
-    """A hasher matching a live scheduler: its hash block size and its config's algorithm."""
+def block_hasher_for(target: Any) -> BlockHasher:
+    """The hasher a live engine admits requests with, for requests built here.
+
+    ``target``: an ``EngineCore``, an in-process ``LLM`` / ``LLMEngine`` (its engine core), or
+    a ``Scheduler`` (the one an ``EngineCore`` owns, or one from ``make_scheduler``).
+
+    - An engine with a hasher (prefix caching on): that very hasher
+      (``EngineCore.request_block_hasher``, kept by every release 0.10.2-0.33), wrapped as a
+      :class:`BlockHasher` with ``source == "engine"``.
+    - Otherwise ours, for the engine's hash block size and algorithm, after checking it once
+      per process against the hasher an EngineCore of this vLLM builds, on chat-like probe
+      requests (special and reserved ids, with and without ``cache_salt``):
+      :class:`~vllm_compat.errors.EngineHashMismatchError` when they differ.
+    """
+    from . import hash_check
+    from .engine_hashing import engine_core_of, engine_request_hasher
+
     ad = adapter()
-    algo = scheduler.vllm_config.cache_config.prefix_caching_hash_algo
-    return make_block_hasher(ad.scheduler_hash_block_size(scheduler), algo)
+    core, scheduler = engine_core_of(target)
+    owner = core if core is not None else scheduler
+    config = owner.vllm_config
+    algo = config.cache_config.prefix_caching_hash_algo
+    block_size = (ad.scheduler_hash_block_size(scheduler) if scheduler is not None
+                  else int(config.cache_config.block_size))
+    # 0.33.0 added VllmConfig.num_hash_lookahead_tokens (EAGLE block-drop drafters); before
+    # it the engine hashed without lookahead
+    lookahead = int(getattr(config, "num_hash_lookahead_tokens", 0) or 0)
+    engine_fn = engine_request_hasher(core) if core is not None else None
+    if engine_fn is not None:
+        root = ad.current_none_hash() or b""
+        return BlockHasher(engine_fn, root, block_size, algo, lookahead, lambda: root,
+                           source="engine")
+    hasher = make_block_hasher(block_size, algo, lookahead_tokens=lookahead)
+    model = getattr(config, "model_config", None)
+    vocab = None
+    try:
+        vocab = int(model.get_vocab_size()) if model is not None else None
+    except Exception:  # noqa: BLE001 - a config without a vocab: the default probes
+        vocab = None
+    hash_check.verify(algo, block_size, lookahead, vocab)
+    return hasher
 
 
 def attach_block_hasher(request: Request, hasher: Callable[[Any], list[bytes]]) -> None:

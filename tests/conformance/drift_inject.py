@@ -23,6 +23,9 @@ Kinds (``KINDS``):
 - ``now_required``: ``Scheduler``'s optional ``hash_block_size`` (0.20+) becomes required.
 - ``module_split``: the block-hash functions and their ``NONE_HASH`` state leave
   ``vllm.v1.core.kv_cache_utils`` for a new module, ``vllm.v1.core.block_hashing``.
+- ``salted_engine_hash``: the hash function ``EngineCore`` builds its request hasher with is
+  salted, on the engine's path only (``vllm.v1.engine.core.get_hash_fn_by_name``);
+  ``kv_cache_utils.hash_block_tokens`` and ``vllm.utils.hashing`` are unchanged.
 
 ``python -m tests.conformance.drift_inject KIND`` applies it, calls the vllm_compat API that the
 change hits, then ``vllm-compat doctor --drift --json``, and prints ``RESULT <json>``. With
@@ -326,6 +329,8 @@ def split_block_hashing() -> None:
 def apply(kind: str) -> None:
     if kind not in KINDS:
         raise SystemExit(f"unknown drift kind {kind!r}: one of {KINDS}")
+    if kind in EXTRA_KINDS:
+        return EXTRA_KINDS[kind]()
     {"none": lambda: None, "moved": move_init_none_hash, "deleted": delete_init_none_hash,
      "required_param": add_required_request_param, "removed_param": remove_scheduler_param,
      "return_type": hex_hash_functions, "renamed_step": rename_sample_tokens,
@@ -359,6 +364,8 @@ def _error(exc: Exception) -> dict:
 def _api(kind: str, out: dict) -> None:
     """Call the vllm_compat API the change hits."""
     import vllm_compat as vc
+    if kind in EXTRA_APIS:
+        return EXTRA_APIS[kind](out)
 
     tokens = list(range(100, 140))
     if kind == "required_param":
@@ -549,6 +556,47 @@ def main(kind: str, as_version: str | None = None, strict: str | None = None) ->
     out["doctor_exit"] = doctor.pop("exit")
     out["doctor"] = doctor
     print("RESULT " + json.dumps(out))
+
+
+
+# ----------------------------------------------------------------------------- salted engine hash
+
+ENGINE_SALT = "nightly-engine-salt"
+
+
+def salt_engine_hash() -> None:
+    """EngineCore's hash function salted: what a build that changes the engine's hashing
+    only looks like. vLLM's hash helpers and kv_cache_utils stay as they were."""
+    core = _engine_core()
+    original = core.get_hash_fn_by_name
+
+    @functools.wraps(original)
+    def get_hash_fn_by_name(name):
+        fn = original(name)
+
+        @functools.wraps(fn)
+        def salted(data):
+            return fn((ENGINE_SALT, data))
+
+        return salted
+
+    core.get_hash_fn_by_name = get_hash_fn_by_name
+
+
+def _salted_api(out: dict) -> None:
+    """block_hasher_for on a standalone scheduler checks ours against the engine's hasher."""
+    import vllm_compat as vc
+
+    try:
+        h = vc.block_hasher_for(_scheduler())
+        out["block_hasher_for"] = {"source": h.source}
+    except Exception as exc:  # noqa: BLE001 - the refusal is the result
+        out["error"] = {**_error(exc), "differs": getattr(exc, "differs", None)}
+
+
+KINDS = KINDS + ("salted_engine_hash",)
+EXTRA_KINDS = {"salted_engine_hash": salt_engine_hash}
+EXTRA_APIS = {"salted_engine_hash": _salted_api}
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("resolve",),
     ("adapters",),
     ("detect",),
-    ("hashing", "requests", "scheduling", "step", "rpc", "locking", "isolation", "target",
-     "tokenizer", "extract.layers", "extract.ordering", "extract.staging", "extract.fp8",
+    ("hashing", "engine_hashing", "hash_check", "requests", "scheduling", "step", "rpc",
+     "locking", "isolation", "target", "tokenizer", "extract.layers", "extract.ordering",
+     "extract.staging", "extract.fp8",
      # the command-line error contract, shared by the eagle3, serve and speculators commands
      "cli_errors", "cli_args", "cli_output"),
     ("runtime",),
