@@ -253,12 +253,15 @@ def test_cli_online_run_and_option_checks(tiny, online_bf16, tmp_path, capsys):
     assert cli_main(args + online_args) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == TOTAL
     assert_same_run(online_bf16, out)
-    with pytest.raises(ValueError, match="--cache: only with --online"):
-        cli_main(args + ["--cache", str(tmp_path / "c")])
-    with pytest.raises(ValueError, match="--kv-cache-memory-bytes: vLLM engine options"):
-        cli_main(args + online_args + ["--kv-cache-memory-bytes", "1000"])
-    with pytest.raises(ValueError, match="queue_depth must be >= 1"):
-        cli_main(args + online_args[:-4] + ["--queue-depth", "0"])
+    # the options are checked before anything loads: a user's mistake, exit 2 and one line
+    for extra, message in (
+            (["--cache", str(tmp_path / "c")], "--cache: only with --online"),
+            (online_args + ["--kv-cache-memory-bytes", "1000"], "--kv-cache-memory-bytes: vLLM engine options"),
+            (online_args[:-4] + ["--queue-depth", "0"], "queue_depth must be >= 1")):
+        assert cli_main(args + extra) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert not (tmp_path / "c").exists()
 
 
 def test_tensorboard_scalars_under_online_when_installed(tiny, tmp_path):

@@ -185,7 +185,10 @@ def _vocab(a: argparse.Namespace) -> int:
 def _train(a: argparse.Namespace) -> int:
     from .online_args import online_config
 
-    online = online_config(a)  # checked before anything loads
+    try:  # checked before anything loads
+        online = online_config(a)
+    except ValueError as exc:  # contradictory or out-of-range online options
+        raise UsageError(str(exc), "see `vllm-compat eagle3 train --help` (online training)") from exc
     if online is None:  # online training reads a `prepare` output and extracts as it goes
         require_any(a.dataset, DATASET, "a hidden-state dataset", "pass the output of "
                     "`vllm-compat eagle3 extract`, or add --online to extract while training")
