@@ -372,6 +372,9 @@ def package(session: nox.Session) -> None:
     relative = long_description_problems(wheel)
     if relative:
         session.error(f"relative links in the long description: {relative}")
+    with zipfile.ZipFile(wheel) as zf:
+        if not any(n.endswith(".dist-info/licenses/LICENSE") for n in zf.namelist()):
+            session.error(f"{wheel.name} carries no LICENSE")
     venv = Path(session.create_tmp()) / "clean-venv"
     shutil.rmtree(venv, ignore_errors=True)
     session.run("uv", "venv", "-q", "-p", PYTHON, str(venv))

@@ -131,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = ContractParser(prog="vllm-compat", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"vllm-compat {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a failure (also VLLM_COMPAT_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     doctor = sub.add_parser("doctor", help="installed vLLM version, era, runner, capabilities")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
