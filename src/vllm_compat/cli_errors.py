@@ -6,6 +6,7 @@
 - An internal failure: one line naming it, one line saying how to see the traceback
   (``--debug`` or ``VLLM_COMPAT_DEBUG=1``); exit 1.
 - Ctrl-C: one line saying what was finished and the command that resumes; exit 130.
+- A reader that closes the pipe early (``| head``): no message, exit 141, as a shell reports it.
 
 Arguments are checked at parse time where they can be (:mod:`vllm_compat.cli_args`), and
 output directories are written as ``<output>.partial`` and renamed when the step completes
@@ -23,12 +24,13 @@ from typing import NoReturn
 
 from .errors import VllmCompatError
 
-__all__ = ["EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_USAGE", "ContractParser", "UsageError",
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_USAGE", "ContractParser", "UsageError",
            "debug_requested", "is_user_error", "print_commands", "run_command"]
 
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader (`| head`) left; the shell's own code for it
 DEBUG_ENV = "VLLM_COMPAT_DEBUG"
 
 
@@ -88,7 +90,14 @@ def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
     arrives (the resume command is this one, as typed)."""
     debug = debug_requested(argv)
     try:
-        return int(func(args))
+        code = int(func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # the reader chose to stop reading: no message; stdout goes nowhere from now on, so
+        # the interpreter's own flush at exit does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         if debug:
             raise

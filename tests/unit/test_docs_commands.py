@@ -261,6 +261,19 @@ def test_internal_failure_exits_1_and_debug_shows_the_traceback(prepared, target
     assert r.returncode == 1 and "Traceback" in r.stderr
 
 
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
+    """`vllm-compat doctor --json | head -c 1`: the pipe is closed before the command
+    writes; it ends quietly with the shell's code for it, 141."""
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first byte
+    try:
+        proc = subprocess.run([CLI, "doctor", "--json"], cwd=tmp_path, env=_env(), stdout=w,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
 # ---------------------------------------------------------------- Ctrl-C: exit 130, resumable
 
 
