@@ -43,10 +43,10 @@ from __future__ import annotations
 import json
 import os
 import queue
-from collections import OrderedDict
 import threading
 import time
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -57,8 +57,8 @@ import torch
 from ..extract import fp8
 from ..target import TargetInfo, read_target
 from .data import DatasetFormatError, HiddenStatesDataset, Manifest, check_sample
-from .prepare import PREPARED
 from .online_args import BACKENDS, PLACEMENTS, STATES_DTYPES, OnlineConfig  # noqa: F401
+from .prepare import PREPARED
 from .sources import MakeBatch, Sample
 
 OPEN_CACHE_UNITS = 64  # cache units kept open at once (one shard file each)
