@@ -213,6 +213,10 @@ def test_the_cache_is_the_offline_work_unit_dataset_and_is_read_back(tiny, offli
     assert_same_run(offline_bf16, tmp_path / "second")
     assert (lost / "manifest.json").is_file()
     assert {p: p.stat().st_mtime_ns for p in kept} == kept
+    # merged, the cache is a dataset offline training reads
+    U.merge_units(cache)
+    train(cfg(tiny, tmp_path / "offline-from-cache", cache))
+    assert_same_run(offline_bf16, tmp_path / "offline-from-cache")
 
 
 def test_split_placement_passes_states_through_shared_memory(tiny, online_bf16, tmp_path):

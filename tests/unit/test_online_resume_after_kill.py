@@ -82,6 +82,16 @@ def _child(cfg_kw: dict, online_kw: dict, opts: dict) -> None:
             return collate(samples)
 
         T.collate = slow_collate
+    if opts.get("engine_pid"):  # where the split placement's engine process runs
+        from vllm_compat.eagle3 import split_engine
+
+        init = split_engine.SplitEngine.__init__
+
+        def record_pid(self, *a, **k):
+            init(self, *a, **k)
+            Path(opts["engine_pid"]).write_text(str(self._proc.pid))
+
+        split_engine.SplitEngine.__init__ = record_pid
     if opts.get("crash_on_save"):  # the n-th torch.save writes half its bytes, then SIGKILL
         real_save, calls = torch.save, [0]
 
@@ -181,3 +191,33 @@ def test_sigkill_while_a_cache_unit_is_written(tiny, reference, ctx, tmp_path): 
         return {str(p.relative_to(d)): p.read_bytes() for p in (d / U.UNITS).rglob("*.safetensors")}
 
     assert shards(cache) == shards(ref)
+
+
+def _exited(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in state  # a zombie: exited, not yet reaped by its new parent
+
+
+def test_a_killed_trainer_takes_its_split_engine_down_and_the_rerun_resumes(tiny, reference, ctx, tmp_path):  # noqa: F811
+    """SIGKILL of the trainer cannot stop the engine process it spawned; the engine notices
+    its parent is gone (also while blocked on a full results queue) and exits, freeing its
+    GPUs. The rerun then resumes as with the co-located placement."""
+    out = tmp_path / "split"
+    # a unit of 6 steps (12 prompts) and 1 s per batch: the engine fills the results queue
+    # (8 samples) long before the trainer is killed after its first step, and waits on it
+    split = online(placement="split", unit_steps=6)
+    c, o = _kw(cfg(tiny, out)), _kw(split)
+    pid_file = tmp_path / "engine.pid"
+    code = _run(ctx, c, o, {"slow_batch": 1.0, "engine_pid": str(pid_file)},
+                until=lambda: _last_logged_step(out / METRICS_CSV) >= 1)
+    assert code == -signal.SIGKILL
+    engine = int(pid_file.read_text())
+    deadline = time.monotonic() + 30
+    while not _exited(engine) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _exited(engine), f"the engine process {engine} outlived its trainer"
+    assert train_online(cfg(tiny, out), split).step == TOTAL
+    assert_same_run(reference, out)  # unit_steps 6 vs 4: the same states (one prompt per forward)

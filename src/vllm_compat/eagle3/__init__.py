@@ -1,5 +1,8 @@
 """EAGLE-3 reference pipeline: prepare -> vocab -> train -> export -> validate.
 
+``train`` reads extracted shards; ``train_online`` extracts the states while it trains
+(``OnlineConfig``; docs/online-training.md).
+
 Each step is a function here and a ``vllm-compat eagle3 <step>`` command (:mod:`.cli`).
 Nothing in this package imports vLLM; ``validate`` replays the installed vLLM's loading
 through :mod:`vllm_compat.runtime.speculative` when vLLM is present. Needs torch, safetensors,
@@ -11,9 +14,9 @@ from __future__ import annotations
 import typing
 
 __all__ = [
-    "CheckpointValidationError", "HiddenStatesDataset", "Manifest", "PrepareReport", "Problem",
+    "CheckpointValidationError", "HiddenStatesDataset", "Manifest", "OnlineConfig", "PrepareReport", "Problem",
     "Report", "ShardWriter", "TrainConfig", "TrainResult", "VocabMapping", "build_mapping",
-    "build_vocab", "export", "prepare", "read_manifest", "train", "validate",
+    "build_vocab", "export", "prepare", "read_manifest", "train", "train_online", "validate",
 ]
 
 try:
@@ -21,6 +24,7 @@ try:
     # imported submodule would shadow its function on the package.
     from .data import HiddenStatesDataset, Manifest, ShardWriter, read_manifest
     from .export import export
+    from .online import OnlineConfig, train_online
     from .prepare import PrepareReport, prepare
     from .training import TrainConfig, TrainResult, train
     from .validate import CheckpointValidationError, Problem, Report, validate

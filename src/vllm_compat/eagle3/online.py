@@ -46,6 +46,7 @@ import queue
 import threading
 import time
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -56,9 +57,12 @@ import torch
 from ..extract import fp8
 from ..target import TargetInfo, read_target
 from .data import DatasetFormatError, HiddenStatesDataset, Manifest, check_sample
-from .prepare import PREPARED
 from .online_args import BACKENDS, PLACEMENTS, STATES_DTYPES, OnlineConfig  # noqa: F401
+from .prepare import PREPARED
 from .sources import MakeBatch, Sample
+
+OPEN_CACHE_UNITS = 64  # cache units kept open at once (one shard file each)
+
 
 # ----------------------------------------------------------------------------- records
 
@@ -187,7 +191,7 @@ class OnlineSource:
         self.extractor_wait_s = 0.0
         self._t0 = time.monotonic()
         self._last: dict[str, float] = {}
-        self._cache_units: dict[int, HiddenStatesDataset] = {}
+        self._cache_units: OrderedDict[int, HiddenStatesDataset] = OrderedDict()
         self._plan: list[Any] | None = None
 
     def __len__(self) -> int:
@@ -340,6 +344,9 @@ class OnlineSource:
                 self.extract_busy_s += time.monotonic() - t
                 self.extracted_tokens += int(rep.get("tokens", 0))
             self._cache_units[k] = HiddenStatesDataset(unit_dir(cache, unit))
+            if len(self._cache_units) > OPEN_CACHE_UNITS:  # each keeps a shard file open
+                self._cache_units.popitem(last=False)
+        self._cache_units.move_to_end(k)
         sample = self._cache_units[k][i - unit.start]
         return {key: sample[key] for key in ("input_ids", "loss_mask", "hidden_states")}
 

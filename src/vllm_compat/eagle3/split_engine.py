@@ -63,6 +63,22 @@ def _owns_storage(t: torch.Tensor) -> torch.Tensor:
     return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
 
 
+class _ParentGone(Exception):
+    pass
+
+
+def _put(results: Any, msg: tuple[Any, ...], parent: int) -> None:
+    """``results.put(msg)``, giving up when the trainer is gone (a SIGKILLed trainer cannot
+    stop its engine; the engine must not wait on a full queue forever, holding its GPUs)."""
+    while True:
+        try:
+            results.put(msg, timeout=1.0)
+            return
+        except queue.Full:
+            if os.getppid() != parent:
+                raise _ParentGone from None
+
+
 def _engine_main(devices: str | None, target: str, layer_ids: list[int], kwargs: dict[str, Any],
                  requests: Any, results: Any, parent: int) -> None:
     if devices is not None:
@@ -89,11 +105,15 @@ def _engine_main(devices: str | None, target: str, layer_ids: list[int], kwargs:
             try:
                 for s in ex.extract(prompts):
                     scale = None if s.hidden_states_scale is None else _owns_storage(s.hidden_states_scale)
-                    results.put(("sample", job, s.index, s.token_ids,
-                                 _owns_storage(s.hidden_states), scale))
-                results.put(("done", job, None))
+                    _put(results, ("sample", job, s.index, s.token_ids,
+                                   _owns_storage(s.hidden_states), scale), parent)
+                _put(results, ("done", job, None), parent)
+            except _ParentGone:
+                return
             except BaseException:  # noqa: BLE001 - reported to the parent
-                results.put(("error", job, traceback.format_exc()))
+                _put(results, ("error", job, traceback.format_exc()), parent)
+    except _ParentGone:
+        return
     finally:
         ex.close()
 
