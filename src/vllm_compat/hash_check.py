@@ -81,7 +81,10 @@ def root_state(*init_fns: Callable[..., Any]) -> Iterator[None]:
     """vLLM's ``NONE_HASH`` (and 0.29+'s ``_NONE_HASH_SEED``) put back as they were, in every
     module an ``init_none_hash`` writes to; ``PYTHONHASHSEED`` pinned to :data:`SEED` meanwhile."""
     found = [getattr(f, "__globals__", None) for f in init_fns]
-    found.append(vars(_resolve().module_of("init_none_hash")))
+    try:
+        found.append(vars(_resolve().module_of("init_none_hash")))
+    except VllmCompatError:  # vLLM lost it: only the engine's own module is written to
+        pass
     spaces: list[dict[str, Any]] = []
     for space in found:
         if isinstance(space, dict) and all(space is not t for t in spaces):
@@ -187,8 +190,12 @@ def check(hash_algo: str, block_size: int = BLOCK_SIZE, lookahead_tokens: int = 
         except (EnginePathUnknown, VllmCompatError) as exc:
             result.error = str(exc)
             return result
-        ours = _ours(hash_algo, block_size, lookahead_tokens)
-        hashes_o = {name: ours(r) for name, r in requests}
+        try:
+            ours = _ours(hash_algo, block_size, lookahead_tokens)
+            hashes_o = {name: ours(r) for name, r in requests}
+        except VllmCompatError as exc:  # hashing drifted on our side: reported as such
+            result.error = f"vllm_compat's hasher: {exc}"
+            return result
         hashes_v: dict[str, list[Any]] | None = None
         if not lookahead_tokens:  # vLLM's plain chain has no lookahead keys
             try:
