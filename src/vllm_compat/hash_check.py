@@ -145,7 +145,10 @@ class HashCheck:
     block_size: int
     lookahead_tokens: int = 0
     differs: str | None = None
-    error: str | None = None  # the engine path could not be built: nothing compared
+    error: str | None = None  # nothing compared: why
+    # whose hasher could not be built: "engine" (its set-up cannot be replayed) or
+    # "vllm_compat" (our hashing drifted: the drift report names that on its own)
+    error_side: str | None = None
     probes: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
     @property
@@ -188,13 +191,13 @@ def check(hash_algo: str, block_size: int = BLOCK_SIZE, lookahead_tokens: int = 
             engine = engine_path_hasher(hash_algo, block_size, lookahead_tokens)
             hashes_e = {name: engine(r) for name, r in requests}
         except (EnginePathUnknown, VllmCompatError) as exc:
-            result.error = str(exc)
+            result.error, result.error_side = str(exc), "engine"
             return result
         try:
             ours = _ours(hash_algo, block_size, lookahead_tokens)
             hashes_o = {name: ours(r) for name, r in requests}
         except VllmCompatError as exc:  # hashing drifted on our side: reported as such
-            result.error = f"vllm_compat's hasher: {exc}"
+            result.error, result.error_side = f"vllm_compat's hasher: {exc}", "vllm_compat"
             return result
         hashes_v: dict[str, list[Any]] | None = None
         if not lookahead_tokens:  # vLLM's plain chain has no lookahead keys

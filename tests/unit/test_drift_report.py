@@ -304,8 +304,12 @@ def test_engine_hashes_that_differ_from_ours_affect_hashing():
 
 
 def test_a_hash_check_that_cannot_run_is_reported_not_affecting():
-    items = drift.hash_items([_check("sha256", error="no hasher block")], None, None, None)
-    assert [(i.kind, i.affects) for i in items] == [("hash_check_unknown", False)]
+    engine = {**_check("sha256", error="no hasher block"), "error_side": "engine"}
+    ours = {**_check("sha256_cbor", error="init_none_hash missing"), "error_side": "vllm_compat"}
+    items = drift.hash_items([engine, ours], None, None, None)
+    # our own hashing drift is named by the surface items: not twice
+    assert [(i.kind, i.symbol, i.affects) for i in items] == [
+        ("hash_check_unknown", "EngineCore request hasher (sha256)", False)]
 
 
 def test_the_engines_fingerprint_against_the_nearest_release():
