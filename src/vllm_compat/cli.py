@@ -57,7 +57,11 @@ def _hash_check(report) -> dict:
     against the nearest tested release's; the items go into ``report`` (a copy)."""
     from . import drift, hash_check
 
-    checks = [c.as_dict() for c in hash_check.check_all()]
+    try:
+        checks = [c.as_dict() for c in hash_check.check_all()]
+    except Exception as exc:  # noqa: BLE001 - the drift report is printed whatever happens
+        return {"checks": [], "error": f"{type(exc).__name__}: {exc}", "fingerprint": None,
+                "nearest_fingerprint": "not compared"}
     fingerprint = hash_check.fingerprint([hash_check.HashCheck(**c) for c in checks])
     snapshot = drift.load_snapshot(report.nearest_tested) if report.nearest_tested else None
     recorded = bool(snapshot and snapshot.get("hash_fingerprint"))
@@ -109,6 +113,8 @@ def _doctor(args: argparse.Namespace) -> int:
     if report is not None and hashes is not None:
         for c in hashes["checks"]:
             print(f"hash scheme {_hash_line(c)}")
+        if hashes.get("error"):
+            print(f"hash scheme cannot tell: {hashes['error']}")
         print(f"hash fingerprint {hashes['nearest_fingerprint']} for "
               f"{report.nearest_tested or 'no tested release'}")
         print(report.format())

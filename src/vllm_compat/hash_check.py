@@ -81,7 +81,10 @@ def root_state(*init_fns: Callable[..., Any]) -> Iterator[None]:
     """vLLM's ``NONE_HASH`` (and 0.29+'s ``_NONE_HASH_SEED``) put back as they were, in every
     module an ``init_none_hash`` writes to; ``PYTHONHASHSEED`` pinned to :data:`SEED` meanwhile."""
     found = [getattr(f, "__globals__", None) for f in init_fns]
-    found.append(vars(_resolve().module_of("init_none_hash")))
+    try:
+        found.append(vars(_resolve().module_of("init_none_hash")))
+    except VllmCompatError:  # vLLM lost it: only the engine's own module is written to
+        pass
     spaces: list[dict[str, Any]] = []
     for space in found:
         if isinstance(space, dict) and all(space is not t for t in spaces):
@@ -142,7 +145,10 @@ class HashCheck:
     block_size: int
     lookahead_tokens: int = 0
     differs: str | None = None
-    error: str | None = None  # the engine path could not be built: nothing compared
+    error: str | None = None  # nothing compared: why
+    # whose hasher could not be built: "engine" (its set-up cannot be replayed) or
+    # "vllm_compat" (our hashing drifted: the drift report names that on its own)
+    error_side: str | None = None
     probes: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
     @property
@@ -185,10 +191,14 @@ def check(hash_algo: str, block_size: int = BLOCK_SIZE, lookahead_tokens: int = 
             engine = engine_path_hasher(hash_algo, block_size, lookahead_tokens)
             hashes_e = {name: engine(r) for name, r in requests}
         except (EnginePathUnknown, VllmCompatError) as exc:
-            result.error = str(exc)
+            result.error, result.error_side = str(exc), "engine"
             return result
-        ours = _ours(hash_algo, block_size, lookahead_tokens)
-        hashes_o = {name: ours(r) for name, r in requests}
+        try:
+            ours = _ours(hash_algo, block_size, lookahead_tokens)
+            hashes_o = {name: ours(r) for name, r in requests}
+        except VllmCompatError as exc:  # hashing drifted on our side: reported as such
+            result.error, result.error_side = f"vllm_compat's hasher: {exc}", "vllm_compat"
+            return result
         hashes_v: dict[str, list[Any]] | None = None
         if not lookahead_tokens:  # vLLM's plain chain has no lookahead keys
             try:

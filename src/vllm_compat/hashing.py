@@ -156,7 +156,10 @@ def block_hasher_for(target: Any) -> BlockHasher:
     """The hasher a live engine admits requests with, for requests built here.
 
     ``target``: an ``EngineCore``, an in-process ``LLM`` / ``LLMEngine`` (its engine core), or
-    a ``Scheduler`` (the one an ``EngineCore`` owns, or one from ``make_scheduler``).
+    a ``Scheduler`` (the one an ``EngineCore`` owns, or one from ``make_scheduler``). A
+    scheduler does not refer to its engine: the engine is found from it through the garbage
+    collector's referrers, which cannot see an engine that froze its GC heap (0.16.0 and later
+    do); then the scheduler is treated as a standalone one.
 
     - An engine with a hasher (prefix caching on): that very hasher
       (``EngineCore.request_block_hasher``, kept by every release 0.10.2-0.33), wrapped as a

@@ -286,3 +286,48 @@ def test_a_probe_the_nearest_release_could_not_tell_either_is_no_drift():
     assert report.items == []
     report = _report(live)  # against the real snapshot, which could tell
     assert [(i.kind, i.affects) for i in report.items] == [("probe_unknown", True)]
+
+
+# ----------------------------------------------------------------------------- engine hashes
+
+def _check(algo: str, differs: str | None = None, error: str | None = None) -> dict:
+    return {"hash_algo": algo, "block_size": 16, "lookahead_tokens": 0, "differs": differs,
+            "error": error, "probes": {}}
+
+
+def test_engine_hashes_that_differ_from_ours_affect_hashing():
+    items = drift.hash_items([_check("sha256", differs="engine"), _check("sha256_cbor")],
+                             None, None, None)
+    assert [(i.kind, i.symbol, i.affects, i.found) for i in items] == [
+        ("hash_scheme_changed", "EngineCore request hasher (sha256)", True, "differs: engine")]
+    assert "block_hasher_for" in items[0].workaround
+
+
+def test_a_hash_check_that_cannot_run_is_reported_not_affecting():
+    engine = {**_check("sha256", error="no hasher block"), "error_side": "engine"}
+    ours = {**_check("sha256_cbor", error="init_none_hash missing"), "error_side": "vllm_compat"}
+    items = drift.hash_items([engine, ours], None, None, None)
+    # our own hashing drift is named by the surface items: not twice
+    assert [(i.kind, i.symbol, i.affects) for i in items] == [
+        ("hash_check_unknown", "EngineCore request hasher (sha256)", False)]
+
+
+def test_the_engines_fingerprint_against_the_nearest_release():
+    then = drift.load_snapshot("0.33.0")["hash_fingerprint"]
+    same = copy.deepcopy(then)
+    assert drift.hash_items([], same, {"hash_fingerprint": then}, "0.33.0") == []
+    changed = copy.deepcopy(then)
+    changed["algos"]["sha256"]["chat, cache_salt"][0] = "00" * 32
+    items = drift.hash_items([], changed, {"hash_fingerprint": then}, "0.33.0")
+    assert [(i.kind, i.symbol, i.affects) for i in items] == [
+        ("hash_fingerprint_changed", "block hashes (sha256)", False)]
+    assert "'chat, cache_salt'" in items[0].found and "0.33.0" in items[0].expected
+    # a release whose snapshot has no fingerprint: not recorded, nothing reported
+    assert drift.hash_items([], changed, {"surface": {}}, "0.11.2") == []
+
+
+@pytest.mark.parametrize("release", ["0.10.2", "0.16.0", "0.26.0", "0.33.0"])
+def test_fingerprints_are_recorded_for_the_ci_releases(release):
+    fp = drift.load_snapshot(release)["hash_fingerprint"]
+    assert fp["block_size"] == 16 and {"sha256", "sha256_cbor"} <= set(fp["algos"])
+    assert all(len(h) == 5 for probes in fp["algos"].values() for h in probes.values())
