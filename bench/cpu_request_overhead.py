@@ -2,9 +2,9 @@
 
 Every variant builds a real Request with vLLM's own sha256 block hasher for the same
 prompt. The variants run interleaved in one process, in a rotating order each round, and
-each variant's ratio to the raw constructor is taken per round (this machine is noisy, so
-only ratios measured side by side are reported). Times are the thread's CPU time
-(time.thread_time: time spent waiting for a core on a loaded box is not counted); wall
+each variant's ratio to the raw constructor is taken per round (wall times move with
+whatever else the machine runs, so only ratios measured side by side are reported). Times
+are the thread's CPU time (time.thread_time: time spent waiting for a core is not counted); wall
 times are recorded too. Target: overhead <= 5 % (ratio <= 1.05) for the default path.
 
 Variants:

@@ -75,9 +75,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--draft-vocab-size", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int,
-                    help="torch.set_num_threads for every run (CPU runs on a shared host: 1; two "
-                         "threads on two busy cores ran the same offline training 20x slower, "
-                         "2026-12-03)")
+                    help="torch.set_num_threads for every run (CPU runs whose cores other "
+                         "processes also use: 1; two threads on two such cores ran the same "
+                         "offline training 20x slower, measured 2026-12-03)")
     a = ap.parse_args(argv)
     bad = [p for p in a.placements.split(",") if p not in PLACEMENTS]
     if bad:

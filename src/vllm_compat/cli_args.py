@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .cli_errors import UsageError
 
@@ -81,31 +82,29 @@ def tokenizer_dir(value: str) -> str:
     return value
 
 
-def positive_int(value: str) -> int:
+def _number(value: str, cast: type, noun: str) -> Any:
     try:
-        n = int(value)
+        return cast(value)
     except ValueError:
-        raise _bad(f"{value!r} is not an integer") from None
+        raise _bad(f"{value!r} is not {noun}") from None
+
+
+def positive_int(value: str) -> int:
+    n = _number(value, int, "an integer")
     if n < 1:
         raise _bad(f"{n} must be 1 or more")
     return n
 
 
 def non_negative_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise _bad(f"{value!r} is not an integer") from None
+    n = _number(value, int, "an integer")
     if n < 0:
         raise _bad(f"{n} must be 0 or more")
     return n
 
 
 def positive_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise _bad(f"{value!r} is not a number") from None
+    x = _number(value, float, "a number")
     if not x > 0:
         raise _bad(f"{value} must be above 0")
     return x

@@ -7,8 +7,8 @@ import pytest
 
 @pytest.fixture(scope="module")
 def one_torch_thread():
-    """One intra-op torch thread for a module, restored afterwards. Tiny matmuls on the
-    2-core CI box only contend with a second thread, and runs resumed in child processes
+    """One intra-op torch thread for a module, restored afterwards. Tiny matmuls on a
+    2-core CPU only contend with a second thread, and runs resumed in child processes
     use one thread too (same kernels, same sums)."""
     import torch
 

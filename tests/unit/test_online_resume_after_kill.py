@@ -19,7 +19,6 @@ forward on this CPU).
 
 from __future__ import annotations
 
-import io
 import multiprocessing
 import os
 import signal
@@ -31,6 +30,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from _kill_points import slow_collate, tear_nth_torch_save
 from test_eagle3_online import (  # the same tiny target, records and helpers
     TOTAL,
     assert_same_run,
@@ -75,13 +75,7 @@ def _child(cfg_kw: dict, online_kw: dict, opts: dict) -> None:
 
         hf_engine.TransformersEngine.step = slow
     if opts.get("slow_batch"):  # each training step takes >= this long
-        collate = T.collate
-
-        def slow_collate(samples):
-            time.sleep(opts["slow_batch"])
-            return collate(samples)
-
-        T.collate = slow_collate
+        slow_collate(T, opts["slow_batch"])
     if opts.get("engine_pid"):  # where the split placement's engine process runs
         from vllm_compat.eagle3 import split_engine
 
@@ -93,20 +87,7 @@ def _child(cfg_kw: dict, online_kw: dict, opts: dict) -> None:
 
         split_engine.SplitEngine.__init__ = record_pid
     if opts.get("crash_on_save"):  # the n-th torch.save writes half its bytes, then SIGKILL
-        real_save, calls = torch.save, [0]
-
-        def torn_save(obj, f, *a, **k):
-            calls[0] += 1
-            if calls[0] < opts["crash_on_save"]:
-                return real_save(obj, f, *a, **k)
-            buf = io.BytesIO()
-            real_save(obj, buf)
-            f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
-            f.flush()
-            os.fsync(f.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        torch.save = torn_save
+        tear_nth_torch_save(opts["crash_on_save"])
     train_online(T.TrainConfig(**cfg_kw), OnlineConfig(**online_kw))
 
 

@@ -16,7 +16,6 @@ tmp + fsync + rename) is left torn by a kill during the save.
 from __future__ import annotations
 
 import csv
-import io
 import multiprocessing
 import os
 import random
@@ -28,6 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _kill_points import slow_collate, tear_nth_torch_save
 from vllm_compat.testing.synthetic import write_dataset, write_target
 from vllm_compat.eagle3.training import (
     CHECKPOINTS, DATA_ORDER_CSV, METRICS_CSV, TrainConfig, load_checkpoint, train,
@@ -83,13 +83,7 @@ def _child(cfg: dict, opts: dict) -> None:
     from vllm_compat.eagle3 import training as T
 
     if opts.get("slow"):  # a step takes >= slow seconds, so a kill can land on any step
-        collate = T.collate
-
-        def slow_collate(samples):
-            time.sleep(opts["slow"])
-            return collate(samples)
-
-        T.collate = slow_collate
+        slow_collate(T, opts["slow"])
     if opts.get("marker"):  # tells the parent the CSV now shows this run's progress
         reset = T._reset_csv
 
@@ -100,22 +94,7 @@ def _child(cfg: dict, opts: dict) -> None:
 
         T._reset_csv = reset_and_mark
     if opts.get("crash_on_save"):  # the n-th torch.save writes half its bytes, then SIGKILL
-        real_save, calls = torch.save, [0]
-
-        def torn_save(obj, f, *a, **k):
-            calls[0] += 1
-            if calls[0] < opts["crash_on_save"]:
-                return real_save(obj, f, *a, **k)
-            buf = io.BytesIO()
-            real_save(obj, buf)
-            half = buf.getvalue()[: len(buf.getvalue()) // 2]
-            h = f if hasattr(f, "write") else open(f, "wb")
-            h.write(half)
-            h.flush()
-            os.fsync(h.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        torch.save = torn_save
+        tear_nth_torch_save(opts["crash_on_save"])
     if opts.get("in_place"):  # a save without tmp + rename, to show what atomicity prevents
         def save_in_place(out, state, keep):
             d = out / T.CHECKPOINTS

@@ -66,6 +66,17 @@ def test_garbage_is_a_clear_error(text):
         versions.route(text, env={})
 
 
+def test_a_later_patch_of_the_newest_tested_series_runs_without_a_warning():
+    # what README.md promises: a 0.33.x patch is the tested series, 0.34 is not
+    patch = f"{NEWEST.major}.{NEWEST.minor}.{NEWEST.micro + 1}"
+    versions._warned_newer.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = versions.route(patch, env={})
+    assert r.era.name == versions.ERAS[-1].name and not r.newer_than_tested
+    versions.check_supported(patch, env={"VLLM_COMPAT_STRICT": "1"})  # strict accepts it too
+
+
 @pytest.mark.parametrize("text", NEWER)
 def test_newer_uses_newest_adapter_and_warns_once(text):
     versions._warned_newer.clear()

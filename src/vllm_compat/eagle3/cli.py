@@ -279,7 +279,8 @@ def _evaluate_into(a: argparse.Namespace, output_dir: str) -> int:
 def _add_train_parser(steps: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``eagle3 train``; its own function so that training modes add their flags here."""
     s = steps.add_parser("train", help="train the draft with training-time test (torchrun for DDP)")
-    s.add_argument("dataset", type=existing_dir, help="hidden-state dataset (`eagle3 extract` output)")
+    s.add_argument("dataset", type=existing_dir,
+                   help="hidden-state dataset (`eagle3 extract` output); with --online, a `prepare` output")
     s.add_argument("--target", required=True, type=model_dir)
     s.add_argument("--vocab", required=True, type=existing_dir, help="vocab output directory")
     s.add_argument("--output", "-o", required=True)
