@@ -47,10 +47,8 @@ def partial_output(output: str | os.PathLike[str], *, keep_on_error: bool = True
         if created and work.exists() and (user_mistake or not keep_on_error or _is_empty(work)):
             shutil.rmtree(work, ignore_errors=True)
         raise
-    if work.exists():
+    if work.exists():  # a step that wrote nothing (no output asked for) leaves the name free
         work.rename(final)
-    else:  # a step that wrote nothing (no output asked for): the name stays free
-        pass
 
 
 def _is_empty(path: Path) -> bool:
