@@ -41,8 +41,8 @@ KINDS: dict[str, str] = {
     "param_now_required": "a parameter that was optional on the nearest tested release is required",
     "type_changed": "a field of a class vllm_compat builds or reads back changed its declared type",
     "return_annotation_changed": "a callable's return annotation differs from the nearest tested release",
-    "hash_scheme_changed": "the engine's request hasher gives other block hashes than vllm_compat's "
-                           "for the same request (no prefix-cache hit between the two)",
+    "hash_scheme_changed": "the engine's request hasher gives other block hashes than "
+                           "vllm_compat's for the same request (no prefix-cache hit between them)",
     "hash_check_unknown": "the engine's request hasher could not be rebuilt to compare with",
     "hash_fingerprint_changed": "the engine's block hashes of the fixed probe requests differ from "
                                 "the nearest tested release's (persisted or shared caches miss)",

@@ -134,9 +134,9 @@ SYMBOLS: tuple[Symbol, ...] = (
     # get_hash_fn_by_name(cache_config.prefix_caching_hash_algo) (probe engine_hash_algo)
     Symbol("EngineCore", "hashing", (_loc("vllm.v1.engine.core", "EngineCore"),), kind="class",
            search=("vllm.v1.engine",), direct=False,
-           used_by="the engine's request hasher (what block_hasher_for must equal)"),
+           used_by="block_hasher_for (an engine's own hasher), doctor's engine-hash check"),
     _member("EngineCore.__init__", "hashing", direct=False,
-            used_by="probe engine_hash_algo"),
+            used_by="probe engine_hash_algo; doctor's engine-hash check replays its hasher set-up"),
     # 0.11 moved the hash helpers from vllm.utils to vllm.utils.hashing
     Symbol("get_hash_fn_by_name", "hashing",
            (_loc("vllm.utils", "get_hash_fn_by_name", until="0.10.2"),

@@ -39,10 +39,10 @@ class StandInExecutor:
 
     # --- KV-cache set-up (EngineCore._initialize_kv_caches)
     def get_kv_cache_specs(self) -> list[dict[str, Any]]:
+        import inspect
+
         import torch
         from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-        import inspect
 
         kw = dict(block_size=self.vllm_config.cache_config.block_size, num_kv_heads=1,
                   head_size=64, dtype=torch.float32)
@@ -191,12 +191,6 @@ def cached_tokens(core: Any, request_id: str) -> int:
     """The prompt tokens the engine served from its prefix cache for ``request_id`` (what its
     scheduler handed the executor as already computed)."""
     return core.model_executor.cached[request_id]
-
-
-def none_hash() -> Any:
-    from . import reference
-
-    return reference.none_hash()
 
 
 # ----------------------------------------------------------------------------- the scenario

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from .test_engine_hashes import FULL_BLOCKS, assert_engine_and_library_share_blocks, run_engine_oracle
+from .test_engine_hashes import (
+    FULL_BLOCKS, assert_engine_and_library_share_blocks, run_engine_oracle,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 KIND = "salted_engine_hash"
@@ -51,7 +53,7 @@ def test_doctor_reports_the_engines_other_hashes_and_exits_1(salted):
 
 def test_block_hasher_for_refuses_ours_naming_the_engine(salted):
     err = salted.get("error")
-    assert err is not None, f"block_hasher_for accepted a hasher the engine disagrees with: {salted}"
+    assert err is not None, f"block_hasher_for took a hasher the engine disagrees with: {salted}"
     assert err["type"] == "EngineHashMismatchError" and err["capability"] == "hashing"
     assert err["differs"] == "engine"
     assert "block_hasher_for" in err["workaround"] and "make_request" in err["workaround"]

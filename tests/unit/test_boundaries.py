@@ -212,8 +212,9 @@ def test_version_branches_carry_a_comment():
 
 TESTS = SRC.parents[1] / "tests" / "conformance"
 # the conformance suite's doors to vLLM: its reference (the oracle), the engine path it replays,
-# and the drift it injects; a test module reads vLLM only through them
-VLLM_REFERENCE = ("reference.py", "engine_path.py", "drift_inject.py")
+# the real EngineCore it runs (engine_oracle.py), and the drift it injects; a test module
+# reads vLLM only through them
+VLLM_REFERENCE = ("reference.py", "engine_path.py", "engine_oracle.py", "drift_inject.py")
 
 
 def test_conformance_tests_reach_vllm_only_through_the_reference():

@@ -326,8 +326,8 @@ def test_the_engines_fingerprint_against_the_nearest_release():
     assert drift.hash_items([], changed, {"surface": {}}, "0.11.2") == []
 
 
-@pytest.mark.parametrize("release", ["0.10.2", "0.16.0", "0.26.0", "0.33.0"])
-def test_fingerprints_are_recorded_for_the_ci_releases(release):
+@pytest.mark.parametrize("release", drift.tested_snapshots())
+def test_fingerprints_are_recorded_for_every_tested_release(release):
     fp = drift.load_snapshot(release)["hash_fingerprint"]
     assert fp["block_size"] == 16 and {"sha256", "sha256_cbor"} <= set(fp["algos"])
     assert all(len(h) == 5 for probes in fp["algos"].values() for h in probes.values())
