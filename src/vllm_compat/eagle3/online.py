@@ -34,8 +34,10 @@ cache is byte for byte what ``eagle3 extract --replicas`` writes). Later epochs 
 runs read it; ``merge_units(cache)`` turns it into a dataset offline training reads.
 
 Placements: co-located (:mod:`.colocated`: the engine in this process, on the training GPU,
-with a fixed KV-cache budget) or split (:mod:`.split_engine`: the engine in a spawned
-process on other GPUs of this host, states through shared memory).
+with a fixed KV-cache budget), split (:mod:`.split_engine`: the engine in a spawned
+process on other GPUs of this host, states through shared memory), or replicas
+(:mod:`.ray_engines`: engine replicas as Ray actors on any hosts, states through Ray's
+object store, at most ``queue_depth`` units in flight per trainer).
 """
 
 from __future__ import annotations
@@ -354,34 +356,49 @@ class OnlineSource:
 # ----------------------------------------------------------------------------- entry point
 
 
-def train_online(cfg: Any, online: OnlineConfig, *, resume: bool = True) -> Any:
+def train_online(cfg: Any, online: OnlineConfig, *, resume: bool = True,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> Any:
     """Train the draft on states extracted while training. ``cfg``: a
     :class:`~vllm_compat.eagle3.training.TrainConfig` whose ``dataset`` is a ``prepare``
     output directory. Same outputs as offline training (``metrics.csv``, ``data_order.csv``,
-    ``checkpoints/``, ``final/``), TensorBoard scalars under ``online/``; single process."""
+    ``checkpoints/``, ``final/``), TensorBoard scalars under ``online/``. One process, or
+    torchrun ranks with the replicas placement (each rank feeds itself); ``on_event``: the
+    replicas placement's events (:class:`.ray_engines.ReplicaSource`)."""
     from ..locking import lock_output_dir
     from .extract_step import aux_layer_ids_for
     from .training import TRAIN_CONFIG, _dist, epoch_order, run_training
 
     online.check()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("online training runs in one process (the engine beside one trainer); "
-                         "for DDP, extract offline (eagle3 extract) and train with torchrun")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and online.placement != "replicas":
+        raise ValueError("co-located and split online training run one trainer process; for "
+                         "torchrun use the replicas placement (--engine-replicas), or extract "
+                         "offline (eagle3 extract) and train with torchrun")
     rank, world, device, started_pg = _dist()
     out = Path(cfg.output_dir)
     target = read_target(cfg.target)
     aux = aux_layer_ids_for(target, online.aux_layer_ids)
-    lock = lock_output_dir(out, "eagle3 train --online")
+    # one lock and one train_config.json per run: rank 0's (every rank writes one directory)
+    lock = lock_output_dir(out, "eagle3 train --online") if rank == 0 else None
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / TRAIN_CONFIG).write_text(json.dumps(
-            {**asdict(cfg), "online": dict(asdict(online), aux_layer_ids=list(aux))}, indent=1))
+        if rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / TRAIN_CONFIG).write_text(json.dumps(
+                {**asdict(cfg), "online": dict(asdict(online), aux_layer_ids=list(aux))}, indent=1))
         if online.cache:
             cache = Path(online.cache).resolve()
             if cache == out.resolve() or out.resolve() in cache.parents:
                 raise ValueError(f"the cache {online.cache} is inside the output directory "
                                  f"{cfg.output_dir}: keep states apart from the run's outputs")
         records = Records(cfg.dataset)
+        spe = lambda n: len(epoch_order(n, cfg.seed, 0, rank, world)) // cfg.batch_size  # noqa: E731
+        if online.placement == "replicas":
+            from .ray_engines import ReplicaSource
+
+            source: Any = ReplicaSource(cfg.dataset, target, aux, online, records=records,
+                                        layer_ids=[*aux, target.num_hidden_layers],
+                                        steps_per_epoch=spe, on_event=on_event)
+            return run_training(cfg, source, resume=resume, dist=(rank, world, device, started_pg),
+                                pin=device.type == "cuda", scalar_prefix="online")
         if online.placement == "split":
             from .split_engine import SplitEngine
 
@@ -391,13 +408,13 @@ def train_online(cfg: Any, online: OnlineConfig, *, resume: bool = True) -> Any:
 
             extractor = open_colocated(cfg, online, target, aux, device, records)
         try:
-            source = OnlineSource(
-                cfg.dataset, target, extractor, aux, online, records=records,
-                steps_per_epoch=lambda n: len(epoch_order(n, cfg.seed, 0, rank, world)) // cfg.batch_size)
+            source = OnlineSource(cfg.dataset, target, extractor, aux, online, records=records,
+                                  steps_per_epoch=spe)
         except BaseException:
             extractor.close()
             raise
         return run_training(cfg, source, resume=resume, dist=(rank, world, device, started_pg),
                             pin=device.type == "cuda", scalar_prefix="online")
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
