@@ -131,3 +131,65 @@ def test_options_are_checked_and_ray_is_optional(tiny, tmp_path, capsys, monkeyp
     with pytest.raises(ImportError, match=r"pip install 'vllm-compat\[ray\]'"):
         ray_module()
     assert not (tmp_path / "cli").exists() and not (tmp_path / "c").exists()
+
+
+def _child(cfg_kw: dict, online_kw: dict, pid_file: str) -> None:
+    """A trainer in its own process, a driver of the test's Ray cluster: each step >= 0.3 s;
+    the replicas' pids go to ``pid_file``."""
+    import torch
+
+    torch.set_num_threads(1)
+    from vllm_compat.eagle3 import training
+
+    step = training.train_step
+
+    def slow_step(*a, **k):
+        time.sleep(0.3)
+        return step(*a, **k)
+
+    training.train_step = slow_step
+
+    def note(e: dict) -> None:
+        if e["event"] == "replica_ready":
+            with open(pid_file, "a") as f:
+                f.write(f"{e['pid']}\n")
+
+    train_online(training.TrainConfig(**cfg_kw), OnlineConfig(**online_kw), on_event=note)
+
+
+def test_sigkill_of_the_trainer_ends_its_replicas_and_the_rerun_resumes(tiny, offline_bf16, cluster, tmp_path):  # noqa: F811
+    """Killed after step 4, the rerun resumes from the step-3 checkpoint, in the middle of
+    the online unit of steps 2-3 (extracted again from step 2), to the offline run. Ray
+    ends the killed trainer's replicas (it owned them)."""
+    import multiprocessing
+    import os
+    import signal
+    from pathlib import Path
+
+    from test_online_resume_after_kill import _checkpoint_steps, _exited, _kw, _last_logged_step
+
+    out, pids = tmp_path / "killed", tmp_path / "replicas.pid"
+    address = ray.get_runtime_context().gcs_address
+    c = _kw(cfg(tiny, out))
+    o = _kw(replicas(ray_address=address))
+    ctx = multiprocessing.get_context("forkserver")
+    p = ctx.Process(target=_child, args=(c, o, str(pids)))
+    p.start()
+    deadline = time.monotonic() + 300
+    while p.is_alive() and time.monotonic() < deadline and _last_logged_step(out / T.METRICS_CSV) < 4:
+        time.sleep(0.005)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL and _checkpoint_steps(out) == [3]
+    assert 4 <= _last_logged_step(out / T.METRICS_CSV) < TOTAL
+    engines = [int(x) for x in Path(pids).read_text().split()]
+    assert len(engines) == 2
+    deadline = time.monotonic() + 60
+    while not all(_exited(e) for e in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_exited(e) for e in engines), f"replicas {engines} outlived their trainer"
+    events: list[dict] = []
+    assert train_online(cfg(tiny, out), replicas(ray_address=address), on_event=events.append).step == TOTAL
+    assert_same_run(offline_bf16, out)
+    # the resume re-extracted the unit of steps 2-3 from its first step
+    assert [(e["first"], e["end"]) for e in events if e["event"] == "unit_submitted"][0] == (2, 4)
