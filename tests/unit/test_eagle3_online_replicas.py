@@ -47,7 +47,8 @@ def cluster():
 
 
 def replicas(**kw) -> OnlineConfig:
-    return online(placement="replicas", engine_replicas=2, queue_depth=DEPTH, unit_steps=UNIT_STEPS, **kw)
+    return online(**{"placement": "replicas", "engine_replicas": 2, "queue_depth": DEPTH,
+                     "unit_steps": UNIT_STEPS, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +194,57 @@ def test_sigkill_of_the_trainer_ends_its_replicas_and_the_rerun_resumes(tiny, of
     assert_same_run(offline_bf16, out)
     # the resume re-extracted the unit of steps 2-3 from its first step
     assert [(e["first"], e["end"]) for e in events if e["event"] == "unit_submitted"][0] == (2, 4)
+
+
+def _rank(rank: int, port: int, cfg_kw: dict, online_kw: dict | None) -> None:
+    """One torchrun-like rank (gloo on the CPU): offline training, or online with replicas."""
+    import os
+
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    from vllm_compat.eagle3 import training
+
+    if online_kw is None:
+        training.train(training.TrainConfig(**cfg_kw))
+    else:
+        train_online(training.TrainConfig(**cfg_kw), OnlineConfig(**online_kw))
+
+
+def _ranks(cfg_kw: dict, online_kw: dict | None) -> None:
+    import multiprocessing
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("forkserver")
+    procs = [ctx.Process(target=_rank, args=(r, port, cfg_kw, online_kw)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+def test_two_ranks_each_fed_by_its_replica_equal_offline_ddp(tiny, offline_bf16, cluster, tmp_path):  # noqa: F811
+    """Two gloo ranks, each with one replica of its own, train on the samples offline DDP
+    training reads (each rank its share of the epoch order): the same run."""
+    from test_eagle3_online import rows
+    from test_online_resume_after_kill import _kw
+    from safetensors.torch import load_file
+
+    address = ray.get_runtime_context().gcs_address
+    _ranks(_kw(cfg(tiny, tmp_path / "offline", tiny["dir"] / "ds-bf16")), None)
+    _ranks(_kw(cfg(tiny, tmp_path / "online")),
+           _kw(replicas(engine_replicas=1, ray_address=address)))
+    a, b = tmp_path / "offline", tmp_path / "online"
+    ra, rb = rows(a / T.METRICS_CSV), rows(b / T.METRICS_CSV)
+    assert [r["step"] for r in ra] == [r["step"] for r in rb] == [str(s) for s in range(1, TOTAL // 2 + 1)]
+    assert max(abs(float(x[k]) - float(y[k])) for x, y in zip(ra, rb) for k in x) <= 1e-6
+    assert rows(a / T.DATA_ORDER_CSV) == rows(b / T.DATA_ORDER_CSV)
+    assert all(len(r["samples"].split()) == 4 for r in rows(b / T.DATA_ORDER_CSV))  # 2 ranks x 2
+    wa, wb = load_file(str(a / "final" / "draft.safetensors")), load_file(str(b / "final" / "draft.safetensors"))
+    assert max(float((wa[k].double() - wb[k].double()).abs().max()) for k in wa) <= 1e-6
