@@ -28,6 +28,7 @@ from test_eagle3_online import (  # the same tiny target, records and helpers
     state_rows,
     tiny,  # noqa: F401 - fixture
 )
+
 from vllm_compat.eagle3 import training as T
 from vllm_compat.eagle3.cli import main as cli_main
 from vllm_compat.eagle3.online import train_online
@@ -193,7 +194,7 @@ def test_sigkill_of_the_trainer_ends_its_replicas_and_the_rerun_resumes(tiny, of
     assert train_online(cfg(tiny, out), replicas(ray_address=address), on_event=events.append).step == TOTAL
     assert_same_run(offline_bf16, out)
     # the resume re-extracted the unit of steps 2-3 from its first step
-    assert [(e["first"], e["end"]) for e in events if e["event"] == "unit_submitted"][0] == (2, 4)
+    assert next((e["first"], e["end"]) for e in events if e["event"] == "unit_submitted") == (2, 4)
 
 
 def _rank(rank: int, port: int, cfg_kw: dict, online_kw: dict | None) -> None:
@@ -232,9 +233,9 @@ def _ranks(cfg_kw: dict, online_kw: dict | None) -> None:
 def test_two_ranks_each_fed_by_its_replica_equal_offline_ddp(tiny, offline_bf16, cluster, tmp_path):  # noqa: F811
     """Two gloo ranks, each with one replica of its own, train on the samples offline DDP
     training reads (each rank its share of the epoch order): the same run."""
+    from safetensors.torch import load_file
     from test_eagle3_online import rows
     from test_online_resume_after_kill import _kw
-    from safetensors.torch import load_file
 
     address = ray.get_runtime_context().gcs_address
     _ranks(_kw(cfg(tiny, tmp_path / "offline", tiny["dir"] / "ds-bf16")), None)

@@ -390,7 +390,7 @@ def train_online(cfg: Any, online: OnlineConfig, *, resume: bool = True,
                 raise ValueError(f"the cache {online.cache} is inside the output directory "
                                  f"{cfg.output_dir}: keep states apart from the run's outputs")
         records = Records(cfg.dataset)
-        spe = lambda n: len(epoch_order(n, cfg.seed, 0, rank, world)) // cfg.batch_size  # noqa: E731
+        spe = lambda n: len(epoch_order(n, cfg.seed, 0, rank, world)) // cfg.batch_size
         if online.placement == "replicas":
             from .ray_engines import ReplicaSource
 

@@ -27,6 +27,7 @@ owned by the trainer process: when it dies (SIGKILL included), Ray ends them.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import socket
 import threading
@@ -36,6 +37,8 @@ from typing import Any
 
 from .online import OnlineSource, _Failed, online_units
 from .split_engine import _owns_storage, engine_kwargs
+
+log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 3
 Event = Callable[[dict[str, Any]], None]
@@ -86,7 +89,7 @@ class EngineReplica:
 class _Got:
     """An ``ExtractedSample``'s fields, as a replica returned them."""
 
-    __slots__ = ("index", "token_ids", "hidden_states", "hidden_states_scale")
+    __slots__ = ("hidden_states", "hidden_states_scale", "index", "token_ids")
 
     def __init__(self, index: int, token_ids: Any, hidden_states: Any, scale: Any) -> None:
         self.index, self.token_ids, self.hidden_states, self.hidden_states_scale = (
@@ -228,8 +231,8 @@ class ReplicaSource(OnlineSource):
         for a in getattr(self, "replicas", []):
             try:
                 ray.get(a.close.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 - a dead replica has nothing to close
-                pass
+            except Exception as e:  # noqa: BLE001 - a dead replica has nothing to close
+                log.debug("closing a replica: %s", e)
             ray.kill(a)
         self.replicas = []
         if self._started_ray and ray.is_initialized():
