@@ -34,8 +34,10 @@ cache is byte for byte what ``eagle3 extract --replicas`` writes). Later epochs 
 runs read it; ``merge_units(cache)`` turns it into a dataset offline training reads.
 
 Placements: co-located (:mod:`.colocated`: the engine in this process, on the training GPU,
-with a fixed KV-cache budget) or split (:mod:`.split_engine`: the engine in a spawned
-process on other GPUs of this host, states through shared memory).
+with a fixed KV-cache budget), split (:mod:`.split_engine`: the engine in a spawned
+process on other GPUs of this host, states through shared memory), or replicas
+(:mod:`.ray_engines`: engine replicas as Ray actors on any hosts, states through Ray's
+object store, at most ``queue_depth`` units in flight per trainer).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import queue
 import threading
 import time
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -161,13 +163,16 @@ _DONE = object()
 class OnlineSource:
     """Samples extracted while training (see the module docstring). ``extractor``: an object
     with ``extract(prompts) -> iterator of ExtractedSample`` in input order (an in-process
-    :class:`~vllm_compat.extract.HiddenStatesExtractor`, or :class:`.split_engine.SplitEngine`);
-    closed with the source when ``owns_extractor``."""
+    :class:`~vllm_compat.extract.HiddenStatesExtractor`, or :class:`.split_engine.SplitEngine`),
+    or a pool of replicas with ``submit``, ``ready`` and ``result``
+    (:class:`.ray_engines.ReplicaPool`), driven up to ``queue_depth`` units ahead; closed with
+    the source when ``owns_extractor``. ``on_event``: the pool's unit events."""
 
     def __init__(self, records_dir: str | os.PathLike[str], target: str | os.PathLike[str] | TargetInfo,
                  extractor: Any, aux_layer_ids: Sequence[int], online: OnlineConfig, *,
                  steps_per_epoch: Callable[[int], int], owns_extractor: bool = True,
-                 records: Records | None = None) -> None:
+                 records: Records | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.target = read_target(target)
         self.records = records if records is not None else Records(records_dir)
         self.dir = Path(records_dir)
@@ -180,7 +185,12 @@ class OnlineSource:
         self.manifest = Manifest(self.target.hidden_size, list(self.aux), L, online.states_dtype,
                                  target=self.target.manifest_entry())
         self._steps_per_epoch = steps_per_epoch
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=online.queue_depth)
+        # a pool (.ray_engines.ReplicaPool) is driven ahead by units: at most queue_depth
+        # units in flight, each slot freed when the trainer takes the unit's last step
+        self._ahead = hasattr(extractor, "submit")
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=0 if self._ahead else online.queue_depth)
+        self._slots = threading.Semaphore(online.queue_depth)
+        self._emit = on_event or (lambda e: None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # progress: tokens extracted and trained, seconds each side waited for the other
@@ -218,7 +228,10 @@ class OnlineSource:
             self.trainer_wait_s += waited
             if isinstance(item, _Failed):
                 raise item.exc
-            batch, tokens, ext_rate = item
+            batch, tokens, ext_rate, last_of = item
+            if last_of is not None:  # the last step of a unit in flight: its slot is free
+                self._emit({"event": "unit_taken", "unit": last_of, "time": time.time()})
+                self._slots.release()
             self.trained_tokens += tokens
             self._last = {"online/trainer_wait_s": waited, "online/extract_tokens_per_s": ext_rate}
             yield batch
@@ -266,6 +279,8 @@ class OnlineSource:
         return False
 
     def _produce(self, sampler: Any, make_batch: MakeBatch) -> None:
+        if self._ahead:
+            return self._produce_ahead(sampler, make_batch)
         try:
             spe = self._steps_per_epoch(len(self))
             for first, end in online_units(spe, self.online.unit_steps, sampler.start, sampler.stop):
@@ -274,12 +289,82 @@ class OnlineSource:
                     if s < sampler.start or s >= sampler.stop:
                         continue
                     rate = self.extracted_tokens / max(self.extract_busy_s, 1e-9)
-                    if not self._put((make_batch(samples), tokens, rate)):
+                    if not self._put((make_batch(samples), tokens, rate, None)):
                         return
                 if self._stop.is_set():
                     return
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer, raised there
             self._put(_Failed(exc))
+
+    # ---- the producer thread, driving a pool of replicas ahead (bounded), in plan order
+
+    def _produce_ahead(self, sampler: Any, make_batch: MakeBatch) -> None:
+        try:
+            spe = self._steps_per_epoch(len(self))
+            plan = enumerate(online_units(spe, self.online.unit_steps, sampler.start, sampler.stop))
+            window: deque[Any] = deque()
+            nxt = next(plan, None)
+            while nxt is not None or window:
+                # send units while the trainer has slots free (wait only with none in flight)
+                while nxt is not None and self._acquire(blocking=not window):
+                    window.append(self._submit(sampler, *nxt))
+                    nxt = next(plan, None)
+                if self._stop.is_set():
+                    return
+                if not self.extractor.ready(window[0][-1], 0.1):  # the plan's next unit
+                    continue
+                k, steps, records, ref = window.popleft()
+                res = self.extractor.result(ref)
+                self.extract_busy_s += res["finished"] - res["started"]
+                self._emit({"event": "unit_extracted", "unit": k, "started": res["started"],
+                            "finished": res["finished"], "pid": res["pid"]})
+                if not self._hand_over(k, steps, records, res["samples"], sampler, make_batch):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer, raised there
+            self._put(_Failed(exc))
+
+    def _acquire(self, blocking: bool) -> bool:
+        t = time.monotonic()
+        while not self._stop.is_set():
+            if self._slots.acquire(timeout=0.1 if blocking else 0):
+                self.extractor_wait_s += time.monotonic() - t
+                return True
+            if not blocking:
+                return False
+        return False
+
+    def _submit(self, sampler: Any, k: int, unit: tuple[int, int]) -> tuple[Any, ...]:
+        first, end = unit
+        steps = [(s, sampler.indices(s)) for s in range(first, end)]
+        records = [(i, self.records[i]) for _, idx in steps for i in idx]
+        r, ref = self.extractor.submit(k, [ids.tolist() for _, (ids, _) in records])
+        self._emit({"event": "unit_submitted", "unit": k, "first": first, "end": end,
+                    "replica": r, "time": time.time()})
+        return k, steps, records, ref
+
+    def _hand_over(self, k: int, steps: list[tuple[int, list[int]]], records: list[Any],
+                   got: list[Any], sampler: Any, make_batch: MakeBatch) -> bool:
+        """Queue the unit's steps this run trains; the last one carries the unit's slot."""
+        if len(got) != len(records):
+            raise RuntimeError(f"unit {k}: {len(got)} samples came back for {len(records)} prompts")
+        kept = [s for s, _ in steps if sampler.start <= s < sampler.stop]
+        pos = 0
+        for s, idx in steps:
+            samples = []
+            for _ in idx:
+                if got[pos].index != pos:
+                    raise RuntimeError(f"the replica handed out prompt {got[pos].index}, "
+                                       f"expected {pos} (input order)")
+                samples.append(self._sample(records[pos][0], records[pos][1], got[pos]))
+                pos += 1
+            tokens = sum(int(x["input_ids"].shape[0]) for x in samples)
+            self.extracted_tokens += tokens
+            if s not in kept:
+                continue
+            rate = self.extracted_tokens / max(self.extract_busy_s, 1e-9)
+            if not self._put((make_batch(samples), tokens, rate, k if s == kept[-1] else None)):
+                return False
+        return True
 
     def _unit_samples(self, steps: list[tuple[int, list[int]]]
                       ) -> Iterator[tuple[int, list[Sample], int]]:
@@ -354,50 +439,64 @@ class OnlineSource:
 # ----------------------------------------------------------------------------- entry point
 
 
-def train_online(cfg: Any, online: OnlineConfig, *, resume: bool = True) -> Any:
+def train_online(cfg: Any, online: OnlineConfig, *, resume: bool = True,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> Any:
     """Train the draft on states extracted while training. ``cfg``: a
     :class:`~vllm_compat.eagle3.training.TrainConfig` whose ``dataset`` is a ``prepare``
     output directory. Same outputs as offline training (``metrics.csv``, ``data_order.csv``,
-    ``checkpoints/``, ``final/``), TensorBoard scalars under ``online/``; single process."""
+    ``checkpoints/``, ``final/``), TensorBoard scalars under ``online/``. One process, or
+    torchrun ranks with the replicas placement (each rank feeds itself); ``on_event``: the
+    replicas placement's events (``replica_ready``, ``unit_submitted``, ``unit_extracted``
+    with the replica's own start and finish times, ``unit_taken`` when the trainer took the
+    unit's last step)."""
     from ..locking import lock_output_dir
     from .extract_step import aux_layer_ids_for
     from .training import TRAIN_CONFIG, _dist, epoch_order, run_training
 
     online.check()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("online training runs in one process (the engine beside one trainer); "
-                         "for DDP, extract offline (eagle3 extract) and train with torchrun")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and online.placement != "replicas":
+        raise ValueError("co-located and split online training run one trainer process; for "
+                         "torchrun use the replicas placement (--engine-replicas), or extract "
+                         "offline (eagle3 extract) and train with torchrun")
     rank, world, device, started_pg = _dist()
     out = Path(cfg.output_dir)
     target = read_target(cfg.target)
     aux = aux_layer_ids_for(target, online.aux_layer_ids)
-    lock = lock_output_dir(out, "eagle3 train --online")
+    # one lock and one train_config.json per run: rank 0's (every rank writes one directory)
+    lock = lock_output_dir(out, "eagle3 train --online") if rank == 0 else None
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / TRAIN_CONFIG).write_text(json.dumps(
-            {**asdict(cfg), "online": dict(asdict(online), aux_layer_ids=list(aux))}, indent=1))
+        if rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / TRAIN_CONFIG).write_text(json.dumps(
+                {**asdict(cfg), "online": dict(asdict(online), aux_layer_ids=list(aux))}, indent=1))
         if online.cache:
             cache = Path(online.cache).resolve()
             if cache == out.resolve() or out.resolve() in cache.parents:
                 raise ValueError(f"the cache {online.cache} is inside the output directory "
                                  f"{cfg.output_dir}: keep states apart from the run's outputs")
         records = Records(cfg.dataset)
-        if online.placement == "split":
+        spe = lambda n: len(epoch_order(n, cfg.seed, 0, rank, world)) // cfg.batch_size
+        if online.placement == "replicas":
+            from .ray_engines import ReplicaPool
+
+            extractor: Any = ReplicaPool(str(target.path), [*aux, target.num_hidden_layers], online,
+                                         on_event=on_event)
+        elif online.placement == "split":
             from .split_engine import SplitEngine
 
-            extractor: Any = SplitEngine(target.path, [*aux, target.num_hidden_layers], online)
+            extractor = SplitEngine(target.path, [*aux, target.num_hidden_layers], online)
         else:
             from .colocated import open_colocated
 
             extractor = open_colocated(cfg, online, target, aux, device, records)
         try:
-            source = OnlineSource(
-                cfg.dataset, target, extractor, aux, online, records=records,
-                steps_per_epoch=lambda n: len(epoch_order(n, cfg.seed, 0, rank, world)) // cfg.batch_size)
+            source = OnlineSource(cfg.dataset, target, extractor, aux, online, records=records,
+                                  steps_per_epoch=spe, on_event=on_event)
         except BaseException:
             extractor.close()
             raise
         return run_training(cfg, source, resume=resume, dist=(rank, world, device, started_pg),
                             pin=device.type == "cuda", scalar_prefix="online")
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()

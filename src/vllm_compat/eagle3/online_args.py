@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-PLACEMENTS = ("colocated", "split")
+PLACEMENTS = ("colocated", "split", "replicas")
 BACKENDS = ("vllm", "transformers")
 STATES_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn")
 
@@ -27,13 +27,17 @@ class OnlineConfig:
     aux_layer_ids: tuple[int, ...] | None = None  # None: EAGLE-3's (2, L//2, L-3)
     # the dtype the shards would store: states are cast (or FP8 encoded and decoded) to it
     states_dtype: str = "bfloat16"
-    queue_depth: int = 4  # ready batches the extractor may run ahead of the trainer
+    # ready batches the extractor may run ahead of the trainer (replicas: units in flight)
+    queue_depth: int = 4
     unit_steps: int = 8  # steps extracted together (one idle-to-idle extract call)
     cache: str | None = None  # keep the states as shards here, read what is there
     samples_per_unit: int | None = None  # cache: records per unit (default 4 shards)
     samples_per_shard: int = 256  # cache: samples per shard
     placement: str = "colocated"
     engine_devices: str | None = None  # split: CUDA devices of the engine, e.g. "1" or "1,2"
+    # replicas (many hosts): engine replicas as Ray actors, per trainer process
+    engine_replicas: int | None = None
+    ray_address: str | None = None  # ray.init's ("auto": the running cluster)
     kv_cache_memory_bytes: int | None = None  # co-located vLLM: the KV-cache budget
     gpu_memory_utilization: float | None = None  # vLLM's, when no KV budget is given
     # co-located: the memory both may use (None: the CUDA device's total; on the CPU unchecked)
@@ -51,6 +55,22 @@ class OnlineConfig:
             raise ValueError(f"queue_depth must be >= 1, got {self.queue_depth}")
         if self.unit_steps < 1:
             raise ValueError(f"unit_steps must be >= 1, got {self.unit_steps}")
+        if self.placement == "replicas":
+            if self.engine_replicas is None or self.engine_replicas < 1:
+                raise ValueError("the replicas placement needs engine_replicas >= 1 "
+                                 f"(CLI --engine-replicas N), got {self.engine_replicas}")
+            if self.engine_devices:
+                raise ValueError("--engine-devices (split, one host) and --engine-replicas "
+                                 "(Ray replicas): choose one placement")
+            if self.cache:
+                raise ValueError("--cache is not available with --engine-replicas: extract the "
+                                 "cache with eagle3 extract --replicas, or train without a cache")
+            if not ray_available():
+                raise ValueError("--engine-replicas runs the engines as Ray actors and needs Ray: "
+                                 "pip install 'vllm-compat[ray]'")
+        elif self.engine_replicas is not None or self.ray_address is not None:
+            raise ValueError("engine_replicas / ray_address (CLI --engine-replicas, --ray-address) "
+                             "go with the replicas placement")
         if self.placement == "split" and not self.engine_devices and self.backend == "vllm":
             raise ValueError("the split placement runs the engine on its own GPUs: name them "
                              "(engine_devices='1', CLI --engine-devices 1)")
@@ -67,9 +87,20 @@ class OnlineConfig:
 
 
 
+def ray_available() -> bool:
+    """Whether ``import ray`` can work (Ray is optional: the ``ray`` extra)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except ValueError:  # a module without a spec (sys.modules["ray"] = None)
+        return False
+
+
 # options that mean nothing without --online (their defaults, to tell "given" apart)
 _ONLINE_ONLY = ("backend", "aux_layer_ids", "states_dtype", "queue_depth", "unit_steps", "cache",
-                "samples_per_unit", "samples_per_shard", "engine_devices", "kv_cache_memory_bytes",
+                "samples_per_unit", "samples_per_shard", "engine_devices", "engine_replicas",
+                "ray_address", "kv_cache_memory_bytes",
                 "gpu_memory_utilization", "max_num_batched_tokens", "tensor_parallel_size",
                 "engine_kwargs", "trust_remote_code")
 
@@ -87,7 +118,8 @@ def add_online_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the dtype shards would store (default bfloat16); float8_e4m3fn: FP8 with "
                         "a scale per token and layer, encoded and decoded as shards are")
     g.add_argument("--queue-depth", type=int, default=None,
-                   help="batches the extractor may run ahead of the trainer (default 4)")
+                   help="batches the extractor may run ahead of the trainer (default 4); with "
+                        "--engine-replicas: online units in flight per trainer")
     g.add_argument("--unit-steps", type=int, default=None,
                    help="training steps whose prompts are extracted together (default 8)")
     g.add_argument("--cache", metavar="DIR",
@@ -98,6 +130,13 @@ def add_online_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--engine-devices", metavar="IDS",
                    help="split placement: the engine in its own process on these GPUs (e.g. 1 or "
                         "1,2,3,4), the trainer on GPU 0; default: co-located on the training GPU")
+    g.add_argument("--engine-replicas", type=int, metavar="N",
+                   help="many hosts: N engine replicas as Ray actors (placed by Ray, GPUs per "
+                        "replica = --tensor-parallel-size), feeding this trainer (each torchrun "
+                        "rank starts its own N) through Ray's object store; needs Ray "
+                        "(pip install 'vllm-compat[ray]')")
+    g.add_argument("--ray-address", help="--engine-replicas: ray.init's address ('auto': the "
+                                         "running cluster; default: start one here)")
     g.add_argument("--kv-cache-memory-bytes", type=int,
                    help="the engine's KV-cache budget (co-located default: 10%% of the GPU)")
     g.add_argument("--gpu-memory-utilization", type=float, help="vLLM's, for the split placement")
@@ -152,8 +191,10 @@ def online_config(a: argparse.Namespace) -> OnlineConfig | None:
         unit_steps=8 if a.unit_steps is None else a.unit_steps,
         cache=a.cache, samples_per_unit=a.samples_per_unit,
         samples_per_shard=256 if a.samples_per_shard is None else a.samples_per_shard,
-        placement="split" if a.engine_devices else "colocated",
-        engine_devices=a.engine_devices, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
+        placement=("replicas" if a.engine_replicas is not None or a.ray_address is not None
+                   else "split" if a.engine_devices else "colocated"),
+        engine_devices=a.engine_devices, engine_replicas=a.engine_replicas,
+        ray_address=a.ray_address, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
         gpu_memory_utilization=a.gpu_memory_utilization, extractor_kwargs=extractor_kwargs)
     cfg.check()
     return cfg

@@ -118,6 +118,21 @@ def _engine_main(devices: str | None, target: str, layer_ids: list[int], kwargs:
         ex.close()
 
 
+def engine_kwargs(online: Any) -> dict[str, Any]:
+    """The :class:`~vllm_compat.extract.HiddenStatesExtractor` keywords of an engine outside
+    the trainer's process (split, or a Ray replica): backend, FP8 states, KV budget."""
+    kw: dict[str, Any] = dict(online.extractor_kwargs)
+    kw["backend"] = "transformers" if online.backend == "transformers" else kw.get("backend", "auto")
+    if fp8.is_fp8(online.states_dtype):
+        kw["states_dtype"] = fp8.FP8_DTYPE  # encoded where the states are (the GPU)
+    if online.backend == "vllm":
+        if online.kv_cache_memory_bytes is not None:
+            kw.setdefault("kv_cache_memory_bytes", online.kv_cache_memory_bytes)
+        if online.gpu_memory_utilization is not None:
+            kw.setdefault("gpu_memory_utilization", online.gpu_memory_utilization)
+    return kw
+
+
 class SplitEngine:
     """A :class:`~vllm_compat.extract.HiddenStatesExtractor` in a spawned process.
 
@@ -126,15 +141,7 @@ class SplitEngine:
 
     def __init__(self, target: str, layer_ids: Sequence[int], online: Any) -> None:
         self.layer_ids = tuple(layer_ids)
-        kw: dict[str, Any] = dict(online.extractor_kwargs)
-        kw["backend"] = "transformers" if online.backend == "transformers" else kw.get("backend", "auto")
-        if fp8.is_fp8(online.states_dtype):
-            kw["states_dtype"] = fp8.FP8_DTYPE
-        if online.backend == "vllm":
-            if online.kv_cache_memory_bytes is not None:
-                kw.setdefault("kv_cache_memory_bytes", online.kv_cache_memory_bytes)
-            if online.gpu_memory_utilization is not None:
-                kw.setdefault("gpu_memory_utilization", online.gpu_memory_utilization)
+        kw = engine_kwargs(online)
         devices = None
         if online.engine_devices:
             devices = engine_visible_devices(online.engine_devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
