@@ -27,6 +27,18 @@ from .versions import parse_vllm_version, route
 
 __version__ = "0.1.0"
 
+
+def _register_checks() -> None:
+    # VLLM_COMPAT_STRICT=drift accepts an untested build only when its engine hashes blocks as
+    # vllm_compat does (the check sits above detect, which cannot import it)
+    from .detect import add_untested_build_check
+    from .hash_check import strict_drift_line
+
+    add_untested_build_check(strict_drift_line)
+
+
+_register_checks()
+
 __all__ = [
     "AUTO", "BlockHasher", "DriftItem", "DriftReport", "EngineHashMismatchError", "FinishedStep", "InvalidLayerIdError",
     "InvalidPromptError", "InvalidVllmVersionError", "MissingSymbolError", "RejectedAliasError",

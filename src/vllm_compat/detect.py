@@ -17,7 +17,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from packaging.version import Version
 
@@ -86,14 +86,50 @@ def _default_runner(base: Version, probes: dict[str, bool | None]) -> str:
     return "v1"
 
 
+# Checks that VLLM_COMPAT_STRICT=drift runs on an untested build beyond the drift report, each
+# returning the line of drift that affects a capability, or None. Registered by the package
+# (the engine-hash check lives above this module: it needs the adapter).
+_untested_build_checks: list[Callable[[VllmInfo], str | None]] = []
+_untested_verdicts: dict[str, list[str]] = {}  # version -> lines found (set before running)
+_untested_lock = threading.RLock()  # re-entered: the checks themselves use the adapter
+
+
+def add_untested_build_check(check: Callable[[VllmInfo], str | None]) -> None:
+    """Run ``check`` too before ``VLLM_COMPAT_STRICT=drift`` accepts an untested build."""
+    if check not in _untested_build_checks:
+        _untested_build_checks.append(check)
+
+
+def _checked(refresh: bool) -> tuple[VllmInfo, ModuleType]:
+    found = _detect(refresh)
+    info = found[0]
+    if not (info.newer_than_tested and versions.strict_mode() == "drift"
+            and _untested_build_checks and not os.environ.get("VLLM_COMPAT_ADAPTER", "").strip()):
+        return found
+    with _untested_lock:
+        if refresh:
+            _untested_verdicts.pop(info.version, None)
+        if info.version not in _untested_verdicts:
+            lines = _untested_verdicts[info.version] = []  # a nested call sees "nothing yet"
+            for check in _untested_build_checks:
+                line = check(info)
+                if line:
+                    lines.append(line)
+        lines = _untested_verdicts[info.version]
+    if lines:
+        raise UnsupportedVllmVersionError(versions.strict_drift_message(
+            info.version, versions.ERAS_BY_NAME[info.era], lines))
+    return found
+
+
 def detect(*, refresh: bool = False) -> VllmInfo:
     """Detect the installed vLLM: version, adapter (era), default runner, capability probes."""
-    return _detect(refresh)[0]
+    return _checked(refresh)[0]
 
 
 def adapter(*, refresh: bool = False) -> ModuleType:
     """The adapter module for the installed vLLM (imports vLLM on first use)."""
-    return _detect(refresh)[1]
+    return _checked(refresh)[1]
 
 
 def alias(**names: str) -> None:

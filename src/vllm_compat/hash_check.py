@@ -286,3 +286,18 @@ def fingerprint(results: list[HashCheck] | None = None) -> dict[str, Any]:
     return {"seed": SEED, "block_size": BLOCK_SIZE, "default": default_algorithm(),
             "algos": {r.hash_algo: {n: p["engine"] for n, p in r.probes.items()}
                       for r in results if r.error is None}}
+
+
+def strict_drift_line(info: Any) -> str | None:
+    """For ``VLLM_COMPAT_STRICT=drift`` on an untested build: the engine's block hashes under
+    its default algorithm against ours. A line when they differ; None when they agree or the
+    check cannot tell (``doctor --drift`` reports that)."""
+    try:
+        algo = default_algorithm()
+        result = check(algo)
+    except Exception:  # noqa: BLE001 - cannot tell is no refusal; doctor --drift says why
+        return None
+    if result.error or result.differs is None:
+        return None
+    return (f"hashing: EngineCore request hasher ({algo}): expected the engine's block hashes "
+            f"equal vllm_compat's; found differs: {result.differs} (workaround: {WORKAROUND})")

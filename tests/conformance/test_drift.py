@@ -47,6 +47,8 @@ STRICT_RUNS = {
     "strict-drift-required": ("required_param", "--as-version", f"{NEXT}.dev44+g9a8b7c6",
                               "--strict", "drift"),
     "strict-all-none": ("none", "--as-version", f"{NEXT}.dev42+g1a2b3c4", "--strict", "1"),
+    "strict-drift-salted": ("salted_engine_hash", "--as-version", f"{NEXT}.dev45+g0f1e2d3",
+                            "--strict", "drift"),
 }
 SUITE_KINDS = ("moved", "required_param", "request_moved")
 SUITE_FILES = ("tests/conformance/test_block_hashes.py", "tests/conformance/test_missing_hasher.py")
@@ -294,6 +296,16 @@ def test_strict_drift_refuses_an_untested_build_whose_drift_breaks_a_capability(
         f"forwards extra keywords to Request unchanged). Install vLLM <= {NEWEST}, or unset "
         "VLLM_COMPAT_STRICT to run it anyway (`vllm-compat doctor --drift` shows the full report)")}
     assert r["warnings"] == []
+
+
+def test_strict_drift_refuses_an_untested_build_whose_engine_hashes_otherwise(runs, newest_era):
+    # nothing in the declared surface changed: only the engine's block hashes tell
+    r = runs["strict-drift-salted"]
+    assert r.get("error", {}).get("type") == "UnsupportedVllmVersionError", r
+    msg = r["error"]["message"]
+    assert "VLLM_COMPAT_STRICT=drift found drift that affects a capability" in msg
+    assert "hashing: EngineCore request hasher (sha256)" in msg and "differs: engine" in msg
+    assert "block_hasher_for" in msg
 
 
 def test_strict_1_refuses_every_untested_build_naming_the_adapter(runs, newest_era):
