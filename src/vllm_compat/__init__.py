@@ -9,18 +9,34 @@ from __future__ import annotations
 from .detect import VllmInfo, adapter, alias, check_drift, detect, installed_vllm_version
 from .drift import DriftItem, DriftReport
 from .errors import (
-    EngineHashMismatchError, InvalidLayerIdError, InvalidVllmVersionError, MissingSymbolError, RejectedAliasError,
+    EngineHashMismatchError,
+    InvalidLayerIdError,
+    InvalidVllmVersionError,
+    MissingSymbolError,
+    RejectedAliasError,
     ReturnTypeDriftError,
-    SignatureDriftError, StaleBlockHasherError, TargetMismatchError, TrainingCheckpointError,
-    UnknownAdapterError, UnsupportedFeatureError, UnsupportedVllmVersionError, VllmCompatError,
-    VllmDriftError, VllmNotInstalledError,
+    SignatureDriftError,
+    StaleBlockHasherError,
+    TargetMismatchError,
+    TrainingCheckpointError,
+    UnknownAdapterError,
+    UnsupportedFeatureError,
+    UnsupportedVllmVersionError,
+    VllmCompatError,
+    VllmDriftError,
+    VllmNotInstalledError,
 )
 from .hashing import BlockHasher, attach_block_hasher, block_hasher_for, make_block_hasher
 from .requests import AUTO, InvalidPromptError, make_request
 from .rpc import collective_rpc, runner_flavour
 from .scheduling import (
-    grammar_output, make_kv_cache_config, make_model_runner_output, make_scheduler,
-    make_vllm_config, schedule, update_from_output,
+    grammar_output,
+    make_kv_cache_config,
+    make_model_runner_output,
+    make_scheduler,
+    make_vllm_config,
+    schedule,
+    update_from_output,
 )
 from .step import FinishedStep, StepPipeline, resolve_output, run_model_step
 from .versions import parse_vllm_version, route

@@ -15,19 +15,19 @@ import importlib.metadata
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from packaging.version import Version
 
-from . import aliases
+from . import aliases, versions
 from . import drift as _drift
-from . import versions
 from .errors import InvalidVllmVersionError, UnsupportedVllmVersionError, VllmNotInstalledError
 
 _lock = threading.Lock()
-_cached: tuple["VllmInfo", ModuleType] | None = None
+_cached: tuple[VllmInfo, ModuleType] | None = None
 _drift_cache: _drift.DriftReport | None = None
 
 

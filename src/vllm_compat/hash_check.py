@@ -22,12 +22,14 @@ import importlib.util
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .detect import adapter
 from .engine_hashing import EnginePathUnknown, engine_core_class, engine_path_hasher
 from .errors import EngineHashMismatchError, VllmCompatError
+
 
 def _resolve():
     from . import resolve  # imports vLLM: only when a function here runs
