@@ -58,13 +58,18 @@ def existing_dir(value: str) -> str:
     return value
 
 
-def model_dir(value: str) -> str:
-    """A local model directory: ``config.json`` in it."""
+def _local_dir(value: str, expected: str) -> Path:
+    """``value`` as a directory on this machine (nothing is downloaded), else a usage error."""
     p = Path(value)
     if not p.is_dir():
         what = "is a file" if p.exists() else "does not exist"
-        raise _bad(f"{value} {what}: a local model directory (config.json + weights) is "
-                   f"expected; {DOWNLOAD_HINT}")
+        raise _bad(f"{value} {what}: {expected}; {DOWNLOAD_HINT}")
+    return p
+
+
+def model_dir(value: str) -> str:
+    """A local model directory: ``config.json`` in it."""
+    p = _local_dir(value, "a local model directory (config.json + weights) is expected")
     if not (p / "config.json").is_file():
         raise _bad(f"{value} has no config.json: not a model directory")
     return value
@@ -72,11 +77,7 @@ def model_dir(value: str) -> str:
 
 def tokenizer_dir(value: str) -> str:
     """A local tokenizer directory (often the target's own)."""
-    p = Path(value)
-    if not p.is_dir():
-        what = "is a file" if p.exists() else "does not exist"
-        raise _bad(f"{value} {what}: --tokenizer takes a local tokenizer directory (the "
-                   f"target's, usually); {DOWNLOAD_HINT}")
+    p = _local_dir(value, "--tokenizer takes a local tokenizer directory (the target's, usually)")
     if not any((p / f).is_file() for f in TOKENIZER_FILES):
         raise _bad(f"{value} has none of {', '.join(TOKENIZER_FILES)}: not a tokenizer directory")
     return value

@@ -98,12 +98,12 @@ class ExtractionReplica:
             close()
 
 
-def _ray() -> Any:
+def import_ray(needed_for: str) -> Any:
+    """``ray``, imported on use (it is optional); the error says what needs it."""
     try:
         import ray
     except ImportError as e:
-        raise ImportError("extraction over replicas needs Ray: pip install 'vllm-compat[ray]' "
-                          "(one machine: extract_dataset needs no Ray)") from e
+        raise ImportError(f"{needed_for} needs Ray: pip install 'vllm-compat[ray]'") from e
     return ray
 
 
@@ -143,7 +143,7 @@ def extract_distributed(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
-    ray = _ray()
+    ray = import_ray("extraction over replicas (one machine: extract_dataset needs no Ray)")
     target = read_target(target_dir)
     aux = aux_layer_ids_for(target, aux_layer_ids)
     spec = UnitSpec(target.hidden_size, tuple(aux), target.num_hidden_layers,

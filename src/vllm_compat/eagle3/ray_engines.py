@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .distributed import import_ray
 from .split_engine import _owns_storage, engine_kwargs
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,7 @@ Event = Callable[[dict[str, Any]], None]
 
 
 def ray_module() -> Any:
-    """``ray``, imported on use: it is optional."""
-    try:
-        import ray
-    except ImportError as e:
-        raise ImportError("the many-hosts placement (--engine-replicas) runs its engines as Ray "
-                          "actors: pip install 'vllm-compat[ray]'") from e
-    return ray
+    return import_ray("--engine-replicas (engines as Ray actors)")
 
 
 class EngineReplica:
