@@ -50,6 +50,7 @@ def test_defaults():
     assert (a.mixed_prompts, a.mixed_min, a.mixed_max) == (128, 64, 2048)
     assert a.peak_tflops == 790.0 and a.device == "cuda" and not a.enforce_eager
     assert a.max_model_len > a.mixed_max
+    assert a.keep_states == "all"  # existing results and commands keep every state
 
 
 def test_modes_are_parsed_and_checked(capsys):
