@@ -14,9 +14,10 @@ The suite is cut into units (a test file, or each test of a file that declares
 take them longest first, each engine with a fixed KV cache (``VLLM_COMPAT_GPU_TEST_KV_BYTES``,
 2 GiB unless set) so that they fit side by side. Each test's outcome and duration is
 appended to the results file (``gpu-results.jsonl`` beside ``--out``) as it finishes, with
-the code it ran (the git commit, or a hash of the sources without git). A second run of the
-same code skips the tests already there (``--fresh`` runs everything, ``--retry-failed`` the
-failures again); durations of earlier runs order the units. The report holds the versions
+where it failed and the message, and the code it ran (the git commit, or a hash of the
+sources without git); each unit's whole pytest output is kept in ``<report>-logs/``. A
+second run of the same code skips the tests already there (``--fresh`` runs everything,
+``--retry-failed`` the failures again); durations of earlier runs order the units. The report holds the versions
 (vLLM, torch, CUDA, GPU), each test's outcome, the wall-clock time against the sum of the
 tests' own, and the records the tests write (``VLLM_COMPAT_GPU_RESULTS``).
 """
@@ -138,10 +139,10 @@ def auto_jobs(n_units: int, per_job_gib: float) -> int:
 # --------------------------------------------------------------------------- the run
 
 
-def run_unit(unit: str, ids: list[str], tmp: Path, env: dict[str, str], n: int,
+def run_unit(unit: str, ids: list[str], tmp: Path, logs: Path, env: dict[str, str], n: int,
              extra: list[str]) -> dict[str, Any]:
     t0 = time.monotonic()
-    log = tmp / f"unit-{n}.log"
+    log = logs / f"unit-{n}.log"
     with log.open("w") as f:
         rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
                              "-q", *extra, *ids], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
@@ -151,7 +152,17 @@ def run_unit(unit: str, ids: list[str], tmp: Path, env: dict[str, str], n: int,
     print(f"[{time.strftime('%H:%M:%S')}] {unit}: {len(ids)} test(s), pytest exit {rc}, "
           f"{time.monotonic() - t0:.0f} s  {' | '.join(tail)[-200:]}", flush=True)
     return {"unit": unit, "tests": len(ids), "pytest_exit_code": rc,
-            "seconds": round(time.monotonic() - t0, 1)}
+            "seconds": round(time.monotonic() - t0, 1), "log": str(log)}
+
+
+def unit_logs(out: Path) -> Path:
+    """Each unit's whole pytest output, kept beside the report (``<report>-logs/unit-N.log``)
+    for the tracebacks; the logs of an earlier run there are replaced."""
+    logs = out.with_name(out.stem + "-logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    for old in logs.glob("unit-*.log"):
+        old.unlink()
+    return logs
 
 
 def report(out: Path, results: Path, code: str, wall: float, jobs: int,
@@ -243,8 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(tests)} tests, {len(tests) - sum(len(u[1]) for u in todo)} already finished "
           f"for {code}; {len(todo)} units on {jobs} job(s); results -> {results}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="vllm-compat-gpu-"))
+    logs = unit_logs(out)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_unit, u, ids, tmp, env, n, extra)
+        futures = [pool.submit(run_unit, u, ids, tmp, logs, env, n, extra)
                    for n, (u, ids, _) in enumerate(todo)]
         units = [f.result() for f in futures]
     records = []

@@ -85,6 +85,16 @@ def _outcome(report, row: dict) -> str:
     return row["outcome"] if report.when == "teardown" else "passed"
 
 
+def _detail(report) -> str:
+    """Where a test failed and with what message (an assertion's text, an exception's), not
+    only the last line of the traceback, which names the exception type alone."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return f"{crash.path}:{crash.lineno}: {crash.message}"[:2000]
+    text = report.longreprtext.strip().splitlines()
+    return (text[-1] if text else "")[:2000]
+
+
 def pytest_runtest_logreport(report):
     path = os.environ.get("VLLM_COMPAT_GPU_OUTCOMES")
     if not path:
@@ -94,8 +104,7 @@ def pytest_runtest_logreport(report):
     if row["outcome"] in ("passed",) or report.failed:
         row["outcome"] = _outcome(report, row)
     if (report.failed or report.skipped) and row["detail"] is None:
-        text = report.longreprtext.strip().splitlines()
-        row["detail"] = (text[-1] if text else "")[:500]
+        row["detail"] = _detail(report)
     if report.when != "teardown":
         return
     _PHASES.pop(report.nodeid)

@@ -50,6 +50,11 @@ PER_CYCLE = 8 * MIB
 KV_BYTES = int(os.environ.get("VLLM_COMPAT_GPU_TEST_KV_BYTES") or (1 << 30))
 IDS = (1, 2, 4)  # aux ids of the 4-layer Llama and its final state
 TOL_SAME = 0.02  # two vLLM runs on the same weights and batch (M.compare "rel")
+# Greedy outputs of two engines may part where the top two logits are this close (nats):
+# each engine process autotunes its kernels again, and with other processes on the GPU the
+# timings, so the kernels picked and their bf16 rounding, can differ. A broken engine parts
+# from the first one where the choice is clear.
+NEAR_TIE = 0.25
 ENGINE_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DISABLE_COMPILE_CACHE", "VLLM_USE_AOT_COMPILE")
 
 
@@ -168,12 +173,42 @@ def test_extractor_reopened_five_times_gives_its_memory_back(llama, compiled):
     assert_memory_back(after, "extractor", compiled=compiled)
 
 
+def greedy_with_margins(llm, prompts, *, max_tokens: int) -> tuple[list[list[int]], list[list[float]]]:
+    """Greedy continuations and, at each step, the gap between the top two logprobs."""
+    import vllm
+
+    sp = vllm.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=2,
+                             detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
+    tokens, gaps = [], []
+    for o in outs:
+        c = o.outputs[0]
+        tokens.append(list(c.token_ids))
+        top = [sorted((x.logprob for x in step.values()), reverse=True) for step in c.logprobs]
+        gaps.append([t[0] - t[1] if len(t) > 1 else float("inf") for t in top])
+    return tokens, gaps
+
+
+def parting_margins(outs, ref_outs, ref_gaps) -> list[float]:
+    """For each continuation that differs from the reference: the reference's top-two gap at
+    the first token where they part."""
+    parted = []
+    for o, r, g in zip(outs, ref_outs, ref_gaps, strict=True):
+        i = next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), None)
+        if i is not None:
+            parted.append(g[i])
+        elif len(o) != len(r):
+            parted.append(float("inf"))
+    return parted
+
+
 def test_extractor_and_evaluation_engines_alternate(llama):
     from vllm_compat.runtime import llm as serve
 
     prompts = [p for p in M.prompts() if len(p) > 1][:8]
     env = engine_env()
-    ref_states = ref_outs = None
+    ref_states = ref_outs = ref_margins = None
+    worst_parting = 0.0
     after: list[int] = []
     in_process: list[bool] = []
     closed = []
@@ -189,7 +224,7 @@ def test_extractor_and_evaluation_engines_alternate(llama):
         engine = {pid: cmd for pid, cmd in children().items() if pid not in before}
         try:
             in_process.append(serve.engine_in_process(llm))
-            outs = serve.generate(llm, prompts, max_tokens=16)
+            outs, margins = greedy_with_margins(llm, prompts, max_tokens=16)
         finally:
             serve.close_llm(llm)
             del llm
@@ -198,13 +233,18 @@ def test_extractor_and_evaluation_engines_alternate(llama):
         assert not left, f"cycle {cycle}: the evaluation engine's processes outlived its close: {left}"
         after.append(held_bytes())
         if ref_states is None:
-            ref_states, ref_outs = states, outs
+            ref_states, ref_outs, ref_margins = states, outs, margins
         else:
             same_states(states, ref_states)
-            assert outs == ref_outs, f"cycle {cycle}: greedy outputs changed"
+            parted = parting_margins(outs, ref_outs, ref_margins)
+            worst_parting = max([worst_parting, *parted])
+            assert all(m < NEAR_TIE for m in parted), (
+                f"cycle {cycle}: greedy outputs part from the first engine's where its top two "
+                f"logprobs are {parted} apart (>= {NEAR_TIE}: not a near tie)")
         assert all(len(o) == 16 for o in outs)
     M.record("lifecycle:extractor+evaluation", cycles=CYCLES, held_after_close_mib=[a // MIB for a in after],
-             margin_mib=MARGIN // MIB, evaluation_engine_in_process=in_process)
+             margin_mib=MARGIN // MIB, evaluation_engine_in_process=in_process,
+             widest_top2_gap_where_outputs_parted=worst_parting)
     assert in_process == [False] * CYCLES, "an evaluation engine ran its core in this process"
     assert_memory_back(after, "extractor + evaluation engine")
 

@@ -58,7 +58,7 @@ def setup(tmp_path_factory):
     prep = _records(d / "prep")
     t = read_target(target)
     build_vocab(prep, t.vocab_size, draft_vocab_size=256, output_dir=d / "vocab", progress=False)
-    aux = (2, t.num_hidden_layers // 2)
+    aux = (1, t.num_hidden_layers // 2)  # the 4-layer target: EAGLE-3's (2, L // 2) collide
     spec = U.UnitSpec(t.hidden_size, aux, t.num_hidden_layers, "bfloat16", 4, t.manifest_entry())
     units = U.write_plan(d / "ds", prep, 8, spec)
     with HiddenStatesExtractor(target, layer_ids=[*aux, t.num_hidden_layers],

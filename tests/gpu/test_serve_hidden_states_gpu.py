@@ -7,8 +7,8 @@ For a Llama, the tiny DeepSeek-V3 (MLA) and the Kimi-K2.5 test checkpoint:
   vllm_compat's check (``runtime.native_probe``) says it keeps the states intact, its files
   must equal our server's for the same prompts (bit for bit where the kernels are the same,
   else within bf16 noise), and where the check says it does not, vLLM's path must fail or
-  disagree. Each verdict is written to ``native-path-gpu-<vllm>.json`` (the GPU rows of the
-  per-release table).
+  disagree. Each verdict is recorded (``serve_vs_native:<model>`` in the GPU report: the GPU
+  rows of the per-release table).
 * speculators 0.9.0's own ``generate-offline-data`` and ``speculators train`` (online, file
   and FP8 backends) run against our server when ``SPECULATORS_PYTHON`` names the Python of
   an environment with speculators 0.9.0.
@@ -32,7 +32,6 @@ pytestmark = pytest.mark.gpu
 
 KINDS = ["llama", "deepseek_v3", "kimi_k25"]
 TOL_BF16 = 0.02  # two bf16 computations of the same states (relative Frobenius error)
-RESULTS: dict[str, dict] = {}
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +152,6 @@ def test_server_files_equal_vllms_own_where_its_path_works(ckpts, kind, tmp_path
                    token_ids_equal=same_ids)
     except Exception as exc:  # noqa: BLE001 - vLLM's own path failing is a result
         row.update(vllm_ran=False, error=f"{type(exc).__name__}: {exc}"[:2000])
-    RESULTS[kind] = row
-    out = Path(os.environ.get("VLLM_COMPAT_GPU_RESULTS", ".")) / f"native-path-gpu-{vllm.__version__}.json"
-    out.write_text(json.dumps({"vllm": vllm.__version__, **RESULTS}, indent=1))
     M.record(f"serve_vs_native:{kind}", **row)
     for f in ours:
         assert f["hidden_states"].dtype == torch.bfloat16 and f["token_ids"].dtype == torch.int64

@@ -54,3 +54,37 @@ def test_second_run_of_the_same_code_skips_what_finished(tmp_path):
     assert len(R.read_results(tmp_path / "gpu-results.jsonl")) == len(rows)
     status = _run(tmp_path, "--status")
     assert f"'skipped': {len(rows)}" in status.stdout
+
+
+def test_a_failure_is_recorded_with_its_message_and_place(tmp_path):
+    """The results line of a failed or errored test says where and why (the assertion's text,
+    the exception's message), not only the exception's type."""
+    (tmp_path / "test_fails.py").write_text(
+        "import pytest\n\n"
+        "@pytest.fixture\n"
+        "def broken():\n"
+        "    raise ValueError('layer id 2 is requested more than once')\n\n"
+        "def test_assertion():\n"
+        "    assert [1] == [2], 'cycle 1: greedy outputs changed'\n\n"
+        "def test_fixture(broken):\n"
+        "    pass\n")
+    out = tmp_path / "outcomes.jsonl"
+    env = dict(__import__("os").environ, VLLM_COMPAT_GPU_OUTCOMES=str(out), VLLM_COMPAT_CODE="c")
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    "-p", "tests.gpu.conftest", str(tmp_path / "test_fails.py")],
+                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    rows = {r["test"].split("::")[1]: r for r in R.read_results(out)}
+    assert rows["test_assertion"]["outcome"] == "failed"
+    assert "test_fails.py:8" in rows["test_assertion"]["detail"]
+    assert "cycle 1: greedy outputs changed" in rows["test_assertion"]["detail"]
+    assert rows["test_fixture"]["outcome"] == "error"
+    assert "ValueError: layer id 2 is requested more than once" in rows["test_fixture"]["detail"]
+
+
+def test_each_units_output_is_kept_beside_the_report(tmp_path):
+    first = _run(tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    rep = json.loads((tmp_path / "report.json").read_text())
+    logs = [Path(u["log"]) for u in rep["units"]]
+    assert [p.parent for p in logs] == [tmp_path / "report-logs"]
+    assert "skipped" in logs[0].read_text()

@@ -567,3 +567,19 @@ def test_a_tokenizer_shipped_as_code_needs_the_opt_in(tmp_path):
         gen.tokenizer
     gen.trust_remote_code = True
     assert gen.tokenizer.convert_tokens_to_ids("<|im_end|>") == 163586
+
+
+def test_config_read_from_config_json_where_remote_code_is_named_but_not_shipped(tmp_path):
+    """A checkpoint whose ``auto_map`` names a configuration module it does not ship (a
+    Kimi-K2.5 directory holding weights and config.json only): with ``trust_remote_code``
+    transformers looks for that file and raises OSError; vLLM has its own config class for
+    the model type, so its config.json is what the generator reads."""
+    pytest.importorskip("transformers")
+    from vllm_compat.speculators.vllm_hidden_states_generator import _model_config
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "kimi_k25", "architectures": ["KimiK25ForConditionalGeneration"],
+        "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config"},
+        "text_config": {"num_hidden_layers": 8, "hidden_size": 256}}))
+    cfg = _model_config(str(tmp_path), trust_remote_code=True)
+    assert cfg.model_type == "kimi_k25" and cfg.text_config.num_hidden_layers == 8

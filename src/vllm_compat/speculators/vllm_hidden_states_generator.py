@@ -63,9 +63,10 @@ def _model_config(model_path: str, trust_remote_code: bool = False) -> Any:
             return json.load(f, object_hook=lambda d: SimpleNamespace(**d))
     try:
         return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    except ValueError:
+    except (ValueError, OSError):
         # a model type transformers does not know and the checkpoint ships no code for (vLLM
-        # has its own config class for it, e.g. Kimi-K2.5's kimi_k25): its config.json
+        # has its own config class for it, e.g. Kimi-K2.5's kimi_k25): its config.json. With
+        # trust_remote_code, an auto_map naming a module the directory lacks raises OSError.
         path = os.path.join(model_path, "config.json")
         if not os.path.isfile(path):
             raise
