@@ -34,6 +34,7 @@ commit, the vLLM / torch / CUDA versions and GPUs, and the command line.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -103,11 +104,16 @@ def write_records(directory: Path, n: int, length: int, vocab: int, seed: int) -
 
 
 class PeakMemory:
-    """Peak of (total - free) on ``devices`` while open, minus the level when opened."""
+    """Peak GPU memory on ``devices`` while open: the device's (total - free, sampled; other
+    processes' engines included) above the level when opened, and this process's allocator
+    peak (``max_memory_reserved``). Cached blocks are released first: an in-process engine
+    would otherwise reuse what an earlier run's allocator still holds, and the device level
+    would not move (the first H200 run read 0.0 GiB for every run that way)."""
 
     def __init__(self, devices: list[int], period_s: float = 0.05) -> None:
         self.devices, self.period_s = devices, period_s
         self.peak: dict[int, int] = {}
+        self.reserved: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -118,6 +124,10 @@ class PeakMemory:
     def __enter__(self) -> PeakMemory:
         if not self.devices:
             return self
+        gc.collect()
+        torch.cuda.empty_cache()
+        for d in self.devices:
+            torch.cuda.reset_peak_memory_stats(d)
         self.base = {d: self._used(d) for d in self.devices}
         self.peak = dict.fromkeys(self.devices, 0)
 
@@ -134,9 +144,13 @@ class PeakMemory:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self.reserved = {d: torch.cuda.max_memory_reserved(d) for d in self.devices}
 
     def report(self) -> dict[str, Any]:
-        return {f"cuda:{d}": round(b / 2**30, 3) for d, b in self.peak.items()}
+        """GiB per device: ``device`` above the opening level, ``process_reserved`` peak."""
+        return {f"cuda:{d}": {"device": round(b / 2**30, 3),
+                              "process_reserved": round(self.reserved.get(d, 0) / 2**30, 3)}
+                for d, b in self.peak.items()}
 
 
 def _timed_source(module: Any, cls_name: str, mark: dict[str, float]) -> Any:

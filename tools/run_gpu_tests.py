@@ -15,11 +15,12 @@ take them longest first, each engine with a fixed KV cache (``VLLM_COMPAT_GPU_TE
 2 GiB unless set) so that they fit side by side. Each test's outcome and duration is
 appended to the results file (``gpu-results.jsonl`` beside ``--out``) as it finishes, with
 where it failed and the message, and the code it ran (the git commit, or a hash of the
-sources without git); each unit's whole pytest output is kept in ``<report>-logs/``. A
-second run of the same code skips the tests already there (``--fresh`` runs everything,
-``--retry-failed`` the failures again); durations of earlier runs order the units. The report holds the versions
-(vLLM, torch, CUDA, GPU), each test's outcome, the wall-clock time against the sum of the
-tests' own, and the records the tests write (``VLLM_COMPAT_GPU_RESULTS``).
+sources without git); each unit's whole pytest output and its tests' records are kept in
+``<report>-logs/``. A second run of the same code skips the tests already there (``--fresh``
+runs everything, ``--retry-failed`` the failures again); durations of earlier runs order the
+units. The report holds the versions (vLLM, torch, CUDA, GPU), each test's outcome, the
+wall-clock time against the sum of the tests' own, and the records the tests write
+(``VLLM_COMPAT_GPU_RESULTS``).
 """
 
 from __future__ import annotations
@@ -139,14 +140,14 @@ def auto_jobs(n_units: int, per_job_gib: float) -> int:
 # --------------------------------------------------------------------------- the run
 
 
-def run_unit(unit: str, ids: list[str], tmp: Path, logs: Path, env: dict[str, str], n: int,
+def run_unit(unit: str, ids: list[str], logs: Path, env: dict[str, str], n: int,
              extra: list[str]) -> dict[str, Any]:
     t0 = time.monotonic()
     log = logs / f"unit-{n}.log"
     with log.open("w") as f:
         rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
                              "-q", *extra, *ids], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                            env=dict(env, VLLM_COMPAT_GPU_RESULTS=str(tmp / f"records-{n}.jsonl"))
+                            env=dict(env, VLLM_COMPAT_GPU_RESULTS=str(logs / f"records-{n}.jsonl"))
                             ).returncode
     tail = log.read_text(errors="replace").splitlines()[-3:]
     print(f"[{time.strftime('%H:%M:%S')}] {unit}: {len(ids)} test(s), pytest exit {rc}, "
@@ -156,11 +157,12 @@ def run_unit(unit: str, ids: list[str], tmp: Path, logs: Path, env: dict[str, st
 
 
 def unit_logs(out: Path) -> Path:
-    """Each unit's whole pytest output, kept beside the report (``<report>-logs/unit-N.log``)
-    for the tracebacks; the logs of an earlier run there are replaced."""
+    """Each unit's whole pytest output and the records its tests write, kept beside the
+    report (``<report>-logs/unit-N.log``, ``records-N.jsonl``), so a run stopped before its
+    report still has its tracebacks and measurements; an earlier run's are replaced."""
     logs = out.with_name(out.stem + "-logs")
     logs.mkdir(parents=True, exist_ok=True)
-    for old in logs.glob("unit-*.log"):
+    for old in [*logs.glob("unit-*.log"), *logs.glob("records-*.jsonl")]:
         old.unlink()
     return logs
 
@@ -253,14 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     jobs = a.jobs or auto_jobs(len(todo), a.per_job_gib)
     print(f"{len(tests)} tests, {len(tests) - sum(len(u[1]) for u in todo)} already finished "
           f"for {code}; {len(todo)} units on {jobs} job(s); results -> {results}", flush=True)
-    tmp = Path(tempfile.mkdtemp(prefix="vllm-compat-gpu-"))
     logs = unit_logs(out)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_unit, u, ids, tmp, logs, env, n, extra)
+        futures = [pool.submit(run_unit, u, ids, logs, env, n, extra)
                    for n, (u, ids, _) in enumerate(todo)]
         units = [f.result() for f in futures]
     records = []
-    for f in sorted(tmp.glob("records-*.jsonl")):
+    for f in sorted(logs.glob("records-*.jsonl")):
         records += [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
     rep = report(out, results, code, time.monotonic() - t0, jobs, units, records,
                  [t for t, _ in tests])
