@@ -23,9 +23,12 @@ process). Each run trains ``--steps`` steps of ``--batch-size`` records with the
 run trains the same tokens in the same order. tokens/s = the records' tokens trained / the
 seconds from the moment the run's sample source exists (the engine loaded, the draft not yet
 built) to the end of training: engine start-up is reported apart (``engine_start_s``). The
-summary holds ``online_tokens_per_s / offline_tokens_per_s`` per placement. Peak GPU memory
-is sampled every 50 ms with ``torch.cuda.mem_get_info`` on every device the run uses (the
-engine process's memory included), minus what was in use before the run.
+summary holds ``online_tokens_per_s / offline_tokens_per_s`` per placement; each online run
+also says where its time went (seconds the extractor computed, the trainer waited for a
+batch, the extractor waited for room). Peak GPU memory is sampled every 50 ms with
+``torch.cuda.mem_get_info`` on every device the run uses (the engine process's memory
+included), minus what was in use once cached blocks were released, beside this process's
+allocator peak.
 
 Results: ``<out>/gpu_online_training-<model>.json`` (rewritten after every run) with the
 commit, the vLLM / torch / CUDA versions and GPUs, and the command line.
@@ -153,17 +156,28 @@ class PeakMemory:
                 for d, b in self.peak.items()}
 
 
-def _timed_source(module: Any, cls_name: str, mark: dict[str, float]) -> Any:
-    """Record when ``module.cls_name`` is instantiated (the run's source: the engine is up)."""
+def _timed_source(module: Any, cls_name: str, mark: dict[str, float],
+                  held: list[Any] | None = None) -> Any:
+    """Record when ``module.cls_name`` is instantiated (the run's source: the engine is up),
+    and keep the instance in ``held`` (its counters say where the time went)."""
     cls = getattr(module, cls_name)
     init = cls.__init__
 
     def wrapped(self: Any, *a: Any, **k: Any) -> None:
         init(self, *a, **k)
         mark["source_ready"] = time.perf_counter()
+        if held is not None:
+            held.append(self)
 
     cls.__init__ = wrapped
     return lambda: setattr(cls, "__init__", init)
+
+
+def online_times(source: Any) -> dict[str, float]:
+    """Where an online run's time went, from its source's counters: seconds the extractor
+    computed, the trainer waited for a batch, the extractor waited for room in the queue."""
+    return {k: round(float(getattr(source, k)), 3)
+            for k in ("extract_busy_s", "trainer_wait_s", "extractor_wait_s", "extracted_tokens")}
 
 
 def trained_tokens(out: Path, records: Path) -> int:
@@ -265,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           engine_devices=a.engine_devices if placement == "split" and cuda else None,
                           kv_cache_memory_bytes=a.kv_cache_memory_bytes if a.backend == "vllm" else None)
         mark = {}
-        undo = _timed_source(online_mod, "OnlineSource", mark)
+        held: list[Any] = []
+        undo = _timed_source(online_mod, "OnlineSource", mark, held)
         t0 = time.perf_counter()
         try:
             devices = train_dev + (engine_devs if placement == "split" else [])
@@ -278,7 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         finally:
             undo()
-        finish(placement, t_end, mark, peak, engine_start_s=round(mark["source_ready"] - t0, 2))
+        finish(placement, t_end, mark, peak, engine_start_s=round(mark["source_ready"] - t0, 2),
+               **online_times(held[0]))
         off = result["runs"]["offline"]["tokens_per_s"]
         result["summary"][f"{placement}_vs_offline"] = round(
             result["runs"][placement]["tokens_per_s"] / off, 3)

@@ -33,3 +33,6 @@ def test_cpu_run_writes_rates_memory_and_provenance(tmp_path, one_torch_thread):
     assert off["tokens_per_s"] > 0 and on["tokens_per_s"] > 0 and off["torch_threads"] == 1
     assert r["summary"]["colocated_vs_offline"] == pytest.approx(on["tokens_per_s"] / off["tokens_per_s"], rel=1e-2)
     assert on["peak_gib"] == {}  # no CUDA device: nothing sampled
+    # where the online run's time went: the extractor extracted every token it trained on
+    assert on["extracted_tokens"] >= on["tokens"] and on["extract_busy_s"] > 0
+    assert on["trainer_wait_s"] >= 0 and on["extractor_wait_s"] >= 0
