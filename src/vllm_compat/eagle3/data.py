@@ -414,12 +414,25 @@ def check_shard(path: str | os.PathLike[str], entry: dict[str, Any], manifest: M
                 _check_finite(path, j, hs)
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds no NaN and no Inf. One ``aminmax`` pass (min and max carry any NaN
+    or Inf): on the CPU about 8x faster than ``isfinite(t).all()`` on a bf16 sample's states,
+    which has no vectorised bf16 kernel there (``python -m bench.cpu_finite_check``)."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    if t.element_size() == 1:
+        t = t.to(torch.float16)  # no float8 kernels; fp8 NaN survives the cast
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
 def _check_finite(path: Path, j: int, hs: torch.Tensor) -> None:
-    if hs.is_floating_point() and hs.element_size() == 1:
-        hs = hs.to(torch.float16)  # isfinite has no float8 kernels; fp8 NaN survives the cast
-    bad = int((~torch.isfinite(hs)).sum()) if hs.is_floating_point() else 0
-    if bad:
-        raise InvalidShardError(path, f"sample {j}: hidden_states has {bad} non-finite values (NaN/Inf)")
+    if all_finite(hs):
+        return
+    if hs.element_size() == 1:
+        hs = hs.to(torch.float16)
+    bad = int((~torch.isfinite(hs)).sum())
+    raise InvalidShardError(path, f"sample {j}: hidden_states has {bad} non-finite values (NaN/Inf)")
 
 
 def _stray_shard_files(directory: Path, manifest: Manifest) -> list[Path]:

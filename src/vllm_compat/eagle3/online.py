@@ -58,7 +58,7 @@ import torch
 
 from ..extract import fp8
 from ..target import TargetInfo, read_target
-from .data import DatasetFormatError, HiddenStatesDataset, Manifest, check_sample
+from .data import DatasetFormatError, HiddenStatesDataset, Manifest, all_finite, check_sample
 from .online_args import BACKENDS, PLACEMENTS, STATES_DTYPES, OnlineConfig  # noqa: F401
 from .prepare import PREPARED
 from .sources import MakeBatch, Sample
@@ -131,7 +131,7 @@ class NonFiniteStatesError(DatasetFormatError):
 
 
 def _check_finite(index: int, hs: torch.Tensor) -> None:
-    if not bool(torch.isfinite(hs).all()):
+    if not all_finite(hs):
         raise NonFiniteStatesError(f"record {index}: the extracted hidden states hold NaN or Inf")
 
 
