@@ -280,8 +280,11 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
 def test_ctrl_c_during_extract_says_what_is_done_and_resumes(prepared, target, tmp_path):
     args = ["eagle3", "extract", str(prepared), "--target", str(target), "-o", "ds",
             "--samples-per-shard", "2", "--dtype", "float32", "--no-progress"]
+    # Ctrl-C's default action, as at a terminal: a shell without job control starts a
+    # background job (`pytest ... &`, nohup) with SIGINT ignored, and the child would inherit it
     proc = subprocess.Popen([CLI, *args], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     manifest = tmp_path / "ds.partial" / "manifest.json"
     deadline = time.monotonic() + 300
     while not (manifest.exists() and json.loads(manifest.read_text())["shards"]):
