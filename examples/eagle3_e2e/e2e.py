@@ -17,9 +17,12 @@ the whole list is mirrored to ``O/e2e.json``, so a killed run still reports):
   -> vocab -> train the draft (``--draft-minutes`` of wall clock or ``--draft-steps``) ->
   export -> validate. ``llama`` and ``kimi`` use the trained target; ``deepseek`` builds the tiny random
   DeepSeek-V3 (MLA + MoE) of :mod:`vllm_compat.testing.models` over the same tokenizer and data.
+  ``--online`` then trains a second draft online (the target's states streamed to the trainer,
+  none on disk) for the same steps on the same records, and exports and validates it.
 - ``evaluate --model ...``: :mod:`vllm_compat.eagle3.evaluate` on the held-out prompts
   (vLLM). A configuration that fails is named on stderr and fails the step (exit code 1);
-  the measured ones are kept in the reports.
+  the measured ones are kept in the reports. With an online-trained draft, that draft is
+  served too, and its acceptance length is reported beside the offline draft's.
 - ``all``: target, then pipeline and evaluate for ``--model``.
 
 Every vLLM engine (self-distillation, extraction, each evaluated configuration) runs in a
@@ -28,7 +31,8 @@ cannot break the next; the draft's training stays in this process.
 
 Layout under ``W``: ``corpus/``, ``tokenizer/``, ``llama/target/`` (``kimi/tokenizer``,
 ``kimi/target``), and per model
-``<model>/{prep,sd,prep_all,ds,vocab,run,draft,eval}``. Small reports, logs and plots are
+``<model>/{prep,sd,prep_all,ds,vocab,run,draft,eval}`` (``--online``: also
+``prep_online,run_online,draft_online,eval_online``). Small reports, logs and plots are
 copied to ``O`` at the end of each phase (and on failure).
 """
 
@@ -45,7 +49,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -482,6 +486,64 @@ def _run_train(T: Any, cfg: Any, device: Any, samples: Any = None) -> Any:
         T._dist = orig
 
 
+def records_of_dataset(prepared_rows: Sequence[dict[str, Any]], dataset: Path, out_dir: Path) -> int:
+    """Write the records the shard dataset at ``dataset`` holds (its first N, in order: an
+    extraction stopped by its budget keeps a prefix) as a prepare output in ``out_dir``, so
+    online training sees the samples offline training read. Returns N."""
+    from vllm_compat.eagle3.data import HiddenStatesDataset
+
+    ds = HiddenStatesDataset(dataset)
+    n = len(ds)
+    for i in {0, n - 1}:  # sample i is record i
+        if ds[i]["input_ids"].tolist() != list(prepared_rows[i]["input_ids"]):
+            raise RuntimeError(f"{dataset}: sample {i} is not record {i} of the prepared records")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    write_prepared(out_dir / "prepared.jsonl", prepared_rows[:n])
+    return n
+
+
+def train_draft_online(cfg_kwargs: dict[str, Any], offline: dict[str, Any], online: Any) -> dict[str, Any]:
+    """The draft trained again online (states streamed from the target as it trains, none on
+    disk) for the offline run's steps and epochs; ``cfg_kwargs["dataset"]`` is a prepare output
+    holding the offline dataset's records."""
+    from vllm_compat.eagle3 import training as T
+    from vllm_compat.eagle3.online import train_online
+
+    cfg = T.TrainConfig(**{**cfg_kwargs, "epochs": offline["epochs"], "max_steps": offline["steps"]})
+    t0 = time.perf_counter()
+    res = train_online(cfg, online, resume=False)
+    train_s = time.perf_counter() - t0
+    return {"steps": res.step, "epochs": offline["epochs"], "train_s": round(train_s, 2),
+            "steps_per_s": round(res.step / max(train_s, 1e-9), 3), "last": res.last_metrics}
+
+
+def online_config(a: argparse.Namespace, aux: Sequence[int]) -> Any:
+    """The online source for ``--online``: the extraction step's backend, dtype and engine."""
+    from vllm_compat.eagle3.online import OnlineConfig
+
+    if a.extract_backend != "vllm":
+        return OnlineConfig(backend=a.extract_backend, aux_layer_ids=tuple(aux), states_dtype=a.extract_dtype,
+                            extractor_kwargs={"trust_remote_code": True} if a.model == "kimi" else {})
+    kw = _engine(a, enforce_eager=not a.extract_compiled, max_num_batched_tokens=a.max_num_batched_tokens)
+    return OnlineConfig(backend="vllm", aux_layer_ids=tuple(aux), states_dtype=a.extract_dtype,
+                        gpu_memory_utilization=kw.pop("gpu_memory_utilization", None),
+                        kv_cache_memory_bytes=kw.pop("kv_cache_memory_bytes", None), extractor_kwargs=kw)
+
+
+def online_vs_offline(offline_rows: Sequence[dict[str, Any]], online_rows: Sequence[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+    """vLLM's acceptance length of the online-trained draft beside the offline-trained one's,
+    per K and run (batch 1, batched), where both were measured."""
+    def als(rows: Sequence[dict[str, Any]]) -> dict[tuple[Any, Any], float]:
+        return {(r["k"], r.get("run")): r["acceptance_length"] for r in rows
+                if r.get("method") == "eagle3" and r.get("status") == "ok" and r.get("acceptance_length")}
+
+    off, on = als(offline_rows), als(online_rows)
+    return [{"k": k, "run": run, "offline_acceptance_length": off[(k, run)],
+             "online_acceptance_length": on[(k, run)], "online_over_offline": on[(k, run)] / off[(k, run)]}
+            for (k, run) in sorted(off.keys() & on.keys(), key=lambda x: (str(x[1]), x[0] or 0))]
+
+
 def _engine(a: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     kw: dict[str, Any] = dict(gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len)
     if a.model == "kimi":  # its tokenizer and image processor are code shipped with the checkpoint
@@ -597,6 +659,24 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
                  serving=(vars(rep.serving) if rep.serving else None))
         if not rep.ok:
             raise RuntimeError(f"validate found errors: {[p.code for p in rep.errors]}")
+    if a.online:
+        with rec.step("train_draft_online") as r:
+            shutil.rmtree(mdir / "run_online", ignore_errors=True)
+            n = records_of_dataset(merged, mdir / "ds", mdir / "prep_online")
+            r.update(records=n, **train_draft_online(
+                {**kw, "dataset": str(mdir / "prep_online"), "output_dir": str(mdir / "run_online")},
+                summary["draft_train"], online_config(a, aux)))
+            summary["draft_train_online"] = r
+        with rec.step("export_online") as r:
+            shutil.rmtree(mdir / "draft_online", ignore_errors=True)
+            r["path"] = str(export(mdir / "run_online", target, mdir / "draft_online",
+                                   speculative_tokens=a.speculative_tokens))
+        with rec.step("validate_online") as r:
+            rep = validate(mdir / "draft_online", target, with_vllm=with_vllm, raise_on_error=False)
+            r.update(ok=rep.ok, problems=[{"code": p.code, "error": p.error, "message": p.message}
+                                          for p in rep.problems])
+            if not rep.ok:
+                raise RuntimeError(f"validate found errors: {[p.code for p in rep.errors]}")
     return summary
 
 
@@ -638,6 +718,17 @@ def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
             for f in res["failed"]:
                 print(f"[e2e] evaluate: {f['name']} FAILED: {f['error']}", file=sys.stderr, flush=True)
             raise EvaluationError(res)
+    online = mdir / "draft_online"
+    if (online / "config.json").exists():  # --online: the same evaluation of the online-trained draft
+        with rec.step("evaluate_online") as r:
+            cfg_on = replace(cfg, draft=str(online), output_dir=str(mdir / "eval_online"), ngram_ks=[],
+                             baseline=False, label=f"EAGLE-3 (trained online) on {a.model} target")
+            res_on = evaluate(cfg_on, log=log, raise_on_error=False)
+            r.update(status=res_on["status"], failed=res_on["failed"],
+                     online_vs_offline=online_vs_offline(res["summary"]["rows"], res_on["summary"]["rows"]))
+            res["online_vs_offline"] = r["online_vs_offline"]
+            if res_on["failed"]:
+                raise EvaluationError(res_on)
     return res
 
 
@@ -715,6 +806,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ttt-steps", type=int, default=5)
     g.add_argument("--speculative-tokens", type=int, default=3, help="written into the exported config")
     g.add_argument("--no-vllm-validate", action="store_true")
+    g.add_argument("--online", action="store_true",
+                   help="also train a draft online (states streamed from the target, none on disk) for the "
+                        "offline draft's steps, on its records; evaluate then serves both")
     g = p.add_argument_group("engines (pipeline and evaluate)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     g.add_argument("--max-model-len", type=int, default=2048, help="pipeline engines (prepare drops longer records)")

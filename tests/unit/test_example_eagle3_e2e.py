@@ -206,6 +206,61 @@ def test_pipeline_phase_on_cpu_through_export_and_validate(fake_stdlib, tmp_path
     assert not list(out.rglob("*.safetensors"))  # reports only, no weights
 
 
+def test_pipeline_online_trains_the_same_steps_on_the_same_records(fake_stdlib, tmp_path):
+    """``--online``: a second draft trained with states streamed from the target (transformers
+    on the CPU here, batch-independent), for the offline draft's steps on the records of its
+    dataset: the same data order and the same per-step losses, no state file of its own, and
+    it exports and validates like the offline one."""
+    import csv
+
+    from examples.eagle3_e2e import e2e
+
+    work, out = tmp_path / "w", tmp_path / "out"
+    common = ["--work", str(work), "--out", str(out), "--device", "cpu"]
+    assert e2e.main(["target", *common, "--stdlib-root", str(fake_stdlib), "--eval-fraction", "0.2",
+                     "--chunk-chars", "300", "--vocab-size", "300", "--hidden", "32", "--layers", "4",
+                     "--heads", "4", "--kv-heads", "2", "--intermediate", "64", "--seq-len", "32",
+                     "--batch", "4", "--target-steps", "4", "--warmup", "1", "--eval-tokens", "128"]) == 0
+    assert e2e.main(["pipeline", *common, "--model", "llama", "--extract-backend", "transformers",
+                     "--extract-dtype", "float32", "--max-records", "6", "--draft-steps", "5",
+                     "--draft-batch", "2", "--ttt-steps", "2", "--draft-warmup", "1", "--max-model-len", "256",
+                     "--wait-timeout", "5", "--online"]) == 0
+    steps = {s["step"]: s for s in json.loads((out / "e2e.json").read_text())["steps"]}
+    assert [k for k in ("train_draft_online", "export_online", "validate_online") if steps[k]["status"] != "ok"] == []
+    on = steps["train_draft_online"]["result"]
+    assert on["steps"] == steps["train_draft"]["result"]["steps"] == 5 and on["records"] == 6
+    assert steps["validate_online"]["result"]["ok"]
+
+    def rows(run: str, name: str) -> list[dict[str, str]]:
+        with (work / "llama" / run / name).open(newline="") as f:
+            return list(csv.DictReader(f))
+
+    assert rows("run_online", "data_order.csv") == rows("run", "data_order.csv")
+    # an untrained draft's loss is about 2 log(vocab) for any record: the gradient's norm is
+    # what tells records apart (8 % for the same steps over other records)
+    for x, y in zip(rows("run_online", "metrics.csv"), rows("run", "metrics.csv"), strict=True):
+        assert float(x["loss"]) == pytest.approx(float(y["loss"]), rel=1e-6)
+        assert float(x["grad_norm"]) == pytest.approx(float(y["grad_norm"]), rel=1e-3)
+    run_online = work / "llama" / "run_online"
+    assert not [p for p in run_online.rglob("*.safetensors") if "final" not in p.parts and "checkpoint" not in str(p)]
+    assert (work / "llama" / "draft_online" / "config.json").exists()
+
+
+def test_online_vs_offline_pairs_each_k_and_run():
+    from examples.eagle3_e2e import e2e
+
+    def row(method, k, run, al, status="ok"):
+        return {"method": method, "k": k, "run": run, "status": status, "acceptance_length": al}
+
+    offline = [row("eagle3", 3, "batch1", 3.0), row("eagle3", 3, "batched", 2.8), row("ngram", 3, "batch1", 2.5),
+               row("eagle3", 5, "batch1", 4.0)]
+    online = [row("eagle3", 3, "batch1", 2.97), row("eagle3", 3, "batched", 2.8), row("eagle3", 5, "batch1", None)]
+    got = e2e.online_vs_offline(offline, online)
+    assert [(g["k"], g["run"]) for g in got] == [(3, "batch1"), (3, "batched")]
+    assert got[0]["online_over_offline"] == pytest.approx(0.99)
+    assert got[1]["offline_acceptance_length"] == got[1]["online_acceptance_length"] == 2.8
+
+
 def test_a_lost_report_folder_does_not_fail_a_finished_step(tmp_path, capsys):
     """A report folder emptied or removed by something else while a phase runs must not fail
     the phase (a real run trained and saved the target, then failed writing e2e.json.tmp).
