@@ -170,15 +170,21 @@ def test_eval_windows_are_disjoint_and_capped():
     assert eval_windows(short, 10, 30) == ([short], [short])
 
 
-def test_pipeline_phase_on_cpu_through_export_and_validate(fake_stdlib, tmp_path):
-    from examples.eagle3_e2e import e2e
-
+def _tiny_target(e2e, fake_stdlib, tmp_path) -> tuple[Path, Path, list[str]]:
+    """The target phase on the CPU: a 4-layer Llama trained 4 steps on the fake stdlib."""
     work, out = tmp_path / "w", tmp_path / "out"
     common = ["--work", str(work), "--out", str(out), "--device", "cpu"]
     assert e2e.main(["target", *common, "--stdlib-root", str(fake_stdlib), "--eval-fraction", "0.2",
                      "--chunk-chars", "300", "--vocab-size", "300", "--hidden", "32", "--layers", "4",
                      "--heads", "4", "--kv-heads", "2", "--intermediate", "64", "--seq-len", "32",
                      "--batch", "4", "--target-steps", "4", "--warmup", "1", "--eval-tokens", "128"]) == 0
+    return work, out, common
+
+
+def test_pipeline_phase_on_cpu_through_export_and_validate(fake_stdlib, tmp_path):
+    from examples.eagle3_e2e import e2e
+
+    work, out, common = _tiny_target(e2e, fake_stdlib, tmp_path)
     assert json.loads((work / "target.done").read_text())["status"] == "ok"
     assert e2e.main(["pipeline", *common, "--model", "llama", "--extract-backend", "transformers",
                      "--extract-dtype", "float32", "--max-records", "6", "--draft-minutes", "0.05",
@@ -215,12 +221,7 @@ def test_pipeline_online_trains_the_same_steps_on_the_same_records(fake_stdlib, 
 
     from examples.eagle3_e2e import e2e
 
-    work, out = tmp_path / "w", tmp_path / "out"
-    common = ["--work", str(work), "--out", str(out), "--device", "cpu"]
-    assert e2e.main(["target", *common, "--stdlib-root", str(fake_stdlib), "--eval-fraction", "0.2",
-                     "--chunk-chars", "300", "--vocab-size", "300", "--hidden", "32", "--layers", "4",
-                     "--heads", "4", "--kv-heads", "2", "--intermediate", "64", "--seq-len", "32",
-                     "--batch", "4", "--target-steps", "4", "--warmup", "1", "--eval-tokens", "128"]) == 0
+    work, out, common = _tiny_target(e2e, fake_stdlib, tmp_path)
     assert e2e.main(["pipeline", *common, "--model", "llama", "--extract-backend", "transformers",
                      "--extract-dtype", "float32", "--max-records", "6", "--draft-steps", "5",
                      "--draft-batch", "2", "--ttt-steps", "2", "--draft-warmup", "1", "--max-model-len", "256",
