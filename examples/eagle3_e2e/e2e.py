@@ -491,6 +491,7 @@ def records_of_dataset(prepared_rows: Sequence[dict[str, Any]], dataset: Path, o
     extraction stopped by its budget keeps a prefix) as a prepare output in ``out_dir``, so
     online training sees the samples offline training read. Returns N."""
     from vllm_compat.eagle3.data import HiddenStatesDataset
+    from vllm_compat.eagle3.prepare import PREPARED
 
     ds = HiddenStatesDataset(dataset)
     n = len(ds)
@@ -498,7 +499,7 @@ def records_of_dataset(prepared_rows: Sequence[dict[str, Any]], dataset: Path, o
         if ds[i]["input_ids"].tolist() != list(prepared_rows[i]["input_ids"]):
             raise RuntimeError(f"{dataset}: sample {i} is not record {i} of the prepared records")
     shutil.rmtree(out_dir, ignore_errors=True)
-    write_prepared(out_dir / "prepared.jsonl", prepared_rows[:n])
+    write_prepared(out_dir / PREPARED, prepared_rows[:n])
     return n
 
 
@@ -558,11 +559,9 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
     import torch
 
     from .corpus import TRAIN_CHUNKS
-    from vllm_compat.eagle3.export import export
     from vllm_compat.eagle3.extract_step import aux_layer_ids_for, extract_dataset
     from vllm_compat.eagle3.prepare import PREPARED, prepare
     from vllm_compat.eagle3.target import read_target
-    from vllm_compat.eagle3.validate import validate
     from vllm_compat.eagle3.vocab import build_vocab
     from vllm_compat.isolation import run_isolated
 
@@ -641,7 +640,9 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
         with rec.step("wait_before_training") as r:
             r.update(wait_for_file(Path(a.train_after), a.wait_timeout))
     with rec.step("train_draft") as r:
-        shutil.rmtree(mdir / "run", ignore_errors=True)
+        # an online draft of an earlier run would be evaluated against this one: remove it too
+        for d in ("run", "run_online", "draft_online"):
+            shutil.rmtree(mdir / d, ignore_errors=True)
         device = torch.device(a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
         kw = dict(dataset=str(mdir / "ds"), target=str(target), vocab=str(mdir / "vocab"), output_dir=str(mdir / "run"),
                   batch_size=a.draft_batch, ttt_steps=a.ttt_steps, lr=a.draft_lr, warmup_steps=a.draft_warmup,
@@ -649,35 +650,33 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
                   checkpoint_every=10 ** 9, progress=False, tensorboard=False)
         r.update(train_draft(kw, device, minutes=a.draft_minutes, steps=a.draft_steps))
         summary["draft_train"] = r
-    with rec.step("export") as r:
-        shutil.rmtree(mdir / "draft", ignore_errors=True)
-        r["path"] = str(export(mdir / "run", target, mdir / "draft", speculative_tokens=a.speculative_tokens))
-    with rec.step("validate") as r:
-        with_vllm = False if a.no_vllm_validate else None
-        rep = validate(mdir / "draft", target, with_vllm=with_vllm, raise_on_error=False)
-        r.update(ok=rep.ok, problems=[{"code": p.code, "error": p.error, "message": p.message} for p in rep.problems],
-                 serving=(vars(rep.serving) if rep.serving else None))
-        if not rep.ok:
-            raise RuntimeError(f"validate found errors: {[p.code for p in rep.errors]}")
+    export_and_validate(a, rec, target, mdir / "run", mdir / "draft")
     if a.online:
         with rec.step("train_draft_online") as r:
-            shutil.rmtree(mdir / "run_online", ignore_errors=True)
             n = records_of_dataset(merged, mdir / "ds", mdir / "prep_online")
             r.update(records=n, **train_draft_online(
                 {**kw, "dataset": str(mdir / "prep_online"), "output_dir": str(mdir / "run_online")},
                 summary["draft_train"], online_config(a, aux)))
             summary["draft_train_online"] = r
-        with rec.step("export_online") as r:
-            shutil.rmtree(mdir / "draft_online", ignore_errors=True)
-            r["path"] = str(export(mdir / "run_online", target, mdir / "draft_online",
-                                   speculative_tokens=a.speculative_tokens))
-        with rec.step("validate_online") as r:
-            rep = validate(mdir / "draft_online", target, with_vllm=with_vllm, raise_on_error=False)
-            r.update(ok=rep.ok, problems=[{"code": p.code, "error": p.error, "message": p.message}
-                                          for p in rep.problems])
-            if not rep.ok:
-                raise RuntimeError(f"validate found errors: {[p.code for p in rep.errors]}")
+        export_and_validate(a, rec, target, mdir / "run_online", mdir / "draft_online", suffix="_online")
     return summary
+
+
+def export_and_validate(a: argparse.Namespace, rec: Recorder, target: Path, run: Path, draft: Path,
+                        suffix: str = "") -> None:
+    """The ``export`` and ``validate`` steps (named with ``suffix``) of the draft trained in ``run``."""
+    from vllm_compat.eagle3.export import export
+    from vllm_compat.eagle3.validate import validate
+
+    with rec.step("export" + suffix) as r:
+        shutil.rmtree(draft, ignore_errors=True)
+        r["path"] = str(export(run, target, draft, speculative_tokens=a.speculative_tokens))
+    with rec.step("validate" + suffix) as r:
+        rep = validate(draft, target, with_vllm=False if a.no_vllm_validate else None, raise_on_error=False)
+        r.update(ok=rep.ok, problems=[{"code": p.code, "error": p.error, "message": p.message} for p in rep.problems],
+                 serving=(vars(rep.serving) if rep.serving else None))
+        if not rep.ok:
+            raise RuntimeError(f"validate found errors: {[p.code for p in rep.errors]}")
 
 
 # --------------------------------------------------------------------------- phase: evaluate

@@ -245,6 +245,12 @@ def test_pipeline_online_trains_the_same_steps_on_the_same_records(fake_stdlib, 
     run_online = work / "llama" / "run_online"
     assert not [p for p in run_online.rglob("*.safetensors") if "final" not in p.parts and "checkpoint" not in str(p)]
     assert (work / "llama" / "draft_online" / "config.json").exists()
+    # a later run without --online leaves no online draft of the earlier one for evaluate to serve
+    assert e2e.main(["pipeline", *common, "--model", "llama", "--extract-backend", "transformers",
+                     "--extract-dtype", "float32", "--max-records", "6", "--draft-steps", "2",
+                     "--draft-batch", "2", "--ttt-steps", "2", "--draft-warmup", "1", "--max-model-len", "256",
+                     "--wait-timeout", "5"]) == 0
+    assert not (work / "llama" / "draft_online").exists()
 
 
 def test_online_vs_offline_pairs_each_k_and_run():
