@@ -706,10 +706,11 @@ def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
         res = evaluate(cfg, log=log, raise_on_error=False)
         r.update(status=res["status"], failed=res["failed"], skipped=res["skipped"], wall_s=res.get("wall_s"),
                  eagle3_vs_ngram=res["summary"]["eagle3_vs_ngram"],
+                 baseline_repetition=res.get("baseline_repetition"),
                  configs=[{k: c.get(k) for k in ("name", "status", "engine_start_s", "wall_s", "error")}
                           for c in res["configs"]])
         if a.out:
-            for name in ("evaluate.json", "evaluate.md", "evaluate.png"):
+            for name in ("evaluate.json", "evaluate.md", "evaluate.png", "baseline-outputs.json"):
                 p = mdir / "eval" / name
                 if p.exists():
                     shutil.copy2(p, Path(a.out) / f"{a.model}-{name}")

@@ -164,3 +164,16 @@ def test_e2e_evaluate_phase_fails_names_the_configuration_and_keeps_the_rest(fil
     assert steps["_phase"]["status"] == "error"
     kept = json.loads((out / "llama-evaluate.json").read_text())
     assert kept["configs"][1]["runs"]["batch4"]["spec"]["acceptance_length"] == pytest.approx(1 + 22 / 30)
+
+
+def test_the_baseline_outputs_and_what_prompt_lookup_finds_in_them_are_kept(files, tmp_path):
+    out = tmp_path / "eval"
+    res = E.evaluate(config(files, out), cell_fn=H.cell, log=lambda m: None)
+    kept = json.loads((out / E.BASELINE_OUTPUTS).read_text())
+    for run, prompts in kept["prompts"].items():
+        outs = kept["outputs"][run]
+        assert outs == [[(t + 1) % 97 for t in p[:8]] for p in prompts]  # what the baseline cell generated
+        rep = res["baseline_repetition"][run]
+        assert rep["tokens"] == sum(map(len, outs)) and (rep["min_n"], rep["max_n"]) == (2, 5)
+    assert set(kept["outputs"]) == {"batch1", "batch4"}
+    assert "What prompt lookup can exploit" in (out / E.RESULT_MD).read_text()

@@ -49,6 +49,7 @@ from typing import Any
 from ..detect import installed_vllm_version
 from ..errors import VllmCompatError, VllmNotInstalledError
 from ..isolation import IsolatedCallError, run_isolated
+from .repetition import repetition_stats
 
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -57,6 +58,7 @@ SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 RESULT_JSON = "evaluate.json"
 RESULT_MD = "evaluate.md"
 RESULT_PNG = "evaluate.png"
+BASELINE_OUTPUTS = "baseline-outputs.json"  # prompts and greedy outputs, per run, as token ids
 
 
 class EvaluationError(VllmCompatError, RuntimeError):
@@ -352,6 +354,8 @@ def evaluate(cfg: EvalConfig, *, log: Any = print, raise_on_error: bool = True,
             if plan["method"] is None:
                 result["samples"] = _samples(target, prompts[:2], baseline_outputs.get("batch1", [])[:2],
                                              cfg.trust_remote_code)
+                result["baseline_repetition"] = _repetition(runs, baseline_outputs, cfg)
+                (out / BASELINE_OUTPUTS).write_text(json.dumps({"prompts": runs, "outputs": baseline_outputs}))
         except Exception as exc:  # recorded; one failing configuration must not hide the others
             _record_error(entry, exc)
             result["failed"].append({"name": plan["name"], "error_type": entry["error_type"],
@@ -413,6 +417,13 @@ def _record_error(entry: dict[str, Any], exc: Exception) -> None:
     else:
         kind, message, tb = type(exc).__name__, str(exc), traceback.format_exc()
     entry.update(status="error", error_type=kind, error=f"{kind}: {message}"[:2000], traceback=_tail(tb))
+
+
+def _repetition(runs: dict[str, list[list[int]]], baseline_outputs: dict[str, list[list[int]]],
+                cfg: EvalConfig) -> dict[str, Any]:
+    # what prompt lookup can exploit in the target's own outputs, with the n-gram runs' n range
+    return {name: repetition_stats(runs[name], outs, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+            for name, outs in baseline_outputs.items() if name in runs}
 
 
 def _samples(target: str, prompts: list[list[int]], outputs: list[list[int]],
@@ -519,6 +530,15 @@ def markdown_table(result: dict[str, Any]) -> str:
             lines.append(f"| {c['k']} | {c['run']} | {_fmt(c['eagle3_acceptance_length'])} | "
                          f"{_fmt(c['ngram_acceptance_length'])} | {_fmt(c['eagle3_effective'])} | "
                          f"{_fmt(c['ngram_effective'])} | {c['eagle3_beats_ngram']} / {c['eagle3_beats_ngram_effective']} |")
+    rep = result.get("baseline_repetition") or {}
+    if rep:
+        lines += ["", "What prompt lookup can exploit in the baseline's greedy outputs (the n-gram runs' n range):", "",
+                  "| run | tokens | lookup proposes | lookup right | distinct 4-grams | looping outputs |",
+                  "|---|---|---|---|---|---|"]
+        for run, r in rep.items():
+            lines.append(f"| {run} | {r['tokens']} | {_fmt(r['lookup_match_fraction'])} | "
+                         f"{_fmt(r['lookup_hit_fraction'])} | {_fmt(r['distinct_4gram_fraction'])} | "
+                         f"{r['looping_outputs']} of {r['outputs']} |")
     return "\n".join(lines) + "\n"
 
 
