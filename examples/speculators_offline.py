@@ -41,14 +41,16 @@ from vllm_compat.speculators.config_generator import DataGenerationConfig
 
 def generate(model_path: str, samples: list[dict], output_dir: str, *, batch_size: int = 8,
              layer_ids: list[int] | None = None, layer_convention: str | None = None,
-             seq_length: int = 2048, gpu_memory_utilization: float = 0.8) -> int:
-    """The speculators loop: batches in, one ``data_{i}.pt`` per sample out."""
+             seq_length: int = 2048, gpu_memory_utilization: float = 0.8,
+             extractor_kwargs: dict | None = None) -> int:
+    """The speculators loop: batches in, one ``data_{i}.pt`` per sample out. ``extractor_kwargs``:
+    more engine settings (``kv_cache_memory_bytes`` where the GPU is shared)."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     generator = VllmHiddenStatesGenerator(
         model_path=model_path, layer_ids=layer_ids, max_model_len=seq_length,
         gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=1,
-        layer_convention=layer_convention)
+        layer_convention=layer_convention, extractor_kwargs=extractor_kwargs)
     try:
         file_idx = 0
         lengths = {}

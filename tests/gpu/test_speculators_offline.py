@@ -118,6 +118,6 @@ def test_example_loop_matches_extraction_api(ckpts, tmp_path):
     rows = write_data(tmp_path)
     n = ex.generate(ckpts["llama"], rows, str(tmp_path / "out"), batch_size=16,
                     layer_ids=[1, 2, 4], layer_convention="vllm", seq_length=M.MAX_LEN,
-                    gpu_memory_utilization=float(GPU_MEM))
+                    gpu_memory_utilization=float(GPU_MEM), extractor_kwargs=M.engine_kwargs())
     assert n == len(rows)
     check_dir(tmp_path / "out", rows, reference(ckpts, "llama"), [1, 2, 4])

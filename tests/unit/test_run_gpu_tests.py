@@ -88,3 +88,37 @@ def test_each_units_output_is_kept_beside_the_report(tmp_path):
     logs = [Path(u["log"]) for u in rep["units"]]
     assert [p.parent for p in logs] == [tmp_path / "report-logs"]
     assert "skipped" in logs[0].read_text()
+
+
+def test_a_unit_stopped_mid_test_keeps_what_its_processes_printed(tmp_path):
+    """An engine's root cause is printed by its own process; a unit stopped by a timeout before
+    pytest reports must still have it in its log (captured output would be lost with it)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    pid_file = tmp_path / "pid"
+    (tmp_path / "test_stuck.py").write_text(
+        "import os, subprocess, sys, time\nimport pytest\n\n"
+        "@pytest.mark.gpu\n"
+        "def test_engine_fails_then_hangs():\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "    subprocess.run([sys.executable, '-c', "
+        "'import sys; sys.stderr.write(\"root cause: KV cache does not fit\\\\n\")'])\n"
+        "    time.sleep(120)\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    done = threading.Thread(target=R.run_unit, daemon=True, args=(
+        "stuck", [str(tmp_path / "test_stuck.py")], logs, dict(os.environ), 0, []))
+    done.start()
+    log = logs / "unit-0.log"
+    deadline = time.monotonic() + 60
+    seen = False
+    while time.monotonic() < deadline and not seen:
+        time.sleep(0.5)
+        seen = log.exists() and "root cause: KV cache does not fit" in log.read_text()
+    if pid_file.exists():
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the timeout
+    done.join(30)
+    assert seen, log.read_text() if log.exists() else "no log"
