@@ -157,3 +157,31 @@ def test_rmsnorm_and_rotary_match_their_definitions():
     rq = rotary(q[..., :1, :].expand(1, 2, 5, 8), pos, 10000.0)
     rk = rotary(k, pos, 10000.0)
     assert torch.allclose((rq * rk).sum(-1), (q[..., :1, :] * k[..., :1, :]).sum(-1).expand(1, 2, 5), atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [7, 40, 32768])
+def test_target_labels_equal_the_whole_vocabulary_softmax_and_argmax(monkeypatch, rows):
+    """The target's labels computed in pieces of its lm_head, at the valid positions only, are
+    the dense computation's: softmax over the draft vocabulary of the whole logits, argmax of
+    the whole logits (ties included: the lower id, as argmax gives)."""
+    from vllm_compat.eagle3 import model as Mod
+
+    monkeypatch.setattr(Mod, "TARGET_ROWS_PER_MATMUL", rows)
+    draft, target = _models()
+    target.lm_head.weight.data[17] = target.lm_head.weight.data[3]  # ids 3 and 17 tie everywhere
+    target.lm_head.weight.data[3] *= 50  # ...and lead, so the tie decides the argmax
+    target.lm_head.weight.data[17] = target.lm_head.weight.data[3]
+    batch = _batch(b=3, t=11)
+    batch["valid"][2, 4:] = False
+    last = batch["hidden_states"][:, :, -1, :]
+    vocab = torch.arange(DV) + draft.d2t
+    probs, best = Mod.target_labels(target, last, batch["valid"], vocab, draft.d2t, pad=3)
+    dense = target(last)  # [B, T, V]
+    want_p = dense[..., vocab].softmax(-1)
+    want_b = dense.argmax(-1)
+    v = batch["valid"]
+    assert probs.shape == (3, 14, DV) and best.shape == (3, 14)
+    assert torch.allclose(probs[:, :11][v], want_p[v], atol=1e-6)
+    assert torch.equal(best[:, :11][v], want_b[v])
+    assert int((best[:, :11][v] == 3).sum()) > 0 and not bool((best == 17).any())
+    assert not probs[:, :11][~v].any() and not probs[:, 11:].any() and not best[:, 11:].any()
