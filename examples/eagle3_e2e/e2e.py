@@ -327,9 +327,11 @@ def self_distill_prompts(prepared: Sequence[dict[str, Any]], n: int, prompt_len:
 
 
 def self_distill(target: Path, prepared: list[dict[str, Any]], n: int, prompt_len: int, max_tokens: int,
-                 engine: dict[str, Any], seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The target's greedy continuations of ``n`` training prompts (the first ``prompt_len``
-    tokens of prepared records) as training records; the loss mask is on every token but the first."""
+                 engine: dict[str, Any], seed: int = 0, temperature: float = 0.0
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The target's continuations (greedy, or sampled at ``temperature`` with seed ``seed + i``
+    for prompt i) of ``n`` training prompts (the first ``prompt_len`` tokens of prepared
+    records) as training records; the loss mask is on every token but the first."""
     from vllm_compat.runtime import llm as serve
 
     prompts = self_distill_prompts(prepared, n, prompt_len, seed)
@@ -337,7 +339,8 @@ def self_distill(target: Path, prepared: list[dict[str, Any]], n: int, prompt_le
     llm = serve.open_llm(str(target), log_stats=False, **engine)
     start_s = time.perf_counter() - t0
     try:
-        outs, gen_s = serve.timed_generate(llm, prompts, max_tokens=max_tokens)
+        sample = dict(temperature=temperature, seeds=[seed + i for i in range(len(prompts))]) if temperature > 0 else {}
+        outs, gen_s = serve.timed_generate(llm, prompts, max_tokens=max_tokens, **sample)
     finally:
         serve.close_llm(llm)
     rows = []
@@ -352,10 +355,11 @@ def self_distill(target: Path, prepared: list[dict[str, Any]], n: int, prompt_le
 
 
 def self_distill_step(target: Path, prepared_file: Path, out_file: Path, n: int, prompt_len: int,
-                      max_tokens: int, engine: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+                      max_tokens: int, engine: dict[str, Any], seed: int = 0, temperature: float = 0.0) -> dict[str, Any]:
     """:func:`self_distill` from and to prepared-record files: what the pipeline runs in a
     process of its own (its engine's teardown then cannot affect a later engine)."""
-    rows, info = self_distill(target, read_prepared(prepared_file), n, prompt_len, max_tokens, engine, seed)
+    rows, info = self_distill(target, read_prepared(prepared_file), n, prompt_len, max_tokens, engine, seed,
+                              temperature)
     write_prepared(out_file, rows)
     return info
 
@@ -457,7 +461,9 @@ def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | Non
         info.update(calibration_runs_s=[round(t, 2) for t in times], calibration_s=round(calib_s, 2),
                     step_s_estimate=round(per_step, 4), setup_s_estimate=round(setup, 2))
     epochs = max(1, math.ceil(steps / per_epoch))
-    cfg = T.TrainConfig(**{**cfg_kwargs, "epochs": epochs, "max_steps": steps})
+    # the cosine spans the steps run: with the epochs' length it stopped part-way down (a
+    # 380-step run of a 578-step schedule ended at 43 % of the peak learning rate)
+    cfg = T.TrainConfig(**{**cfg_kwargs, "epochs": epochs, "max_steps": steps, "schedule_steps": steps})
     t0 = time.perf_counter()
     res = _run_train(T, cfg, device, samples)
     train_s = time.perf_counter() - t0
@@ -510,7 +516,8 @@ def train_draft_online(cfg_kwargs: dict[str, Any], offline: dict[str, Any], onli
     from vllm_compat.eagle3 import training as T
     from vllm_compat.eagle3.online import train_online
 
-    cfg = T.TrainConfig(**{**cfg_kwargs, "epochs": offline["epochs"], "max_steps": offline["steps"]})
+    cfg = T.TrainConfig(**{**cfg_kwargs, "epochs": offline["epochs"], "max_steps": offline["steps"],
+                           "schedule_steps": offline["steps"]})
     t0 = time.perf_counter()
     res = train_online(cfg, online, resume=False)
     train_s = time.perf_counter() - t0
@@ -605,7 +612,7 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
             # each engine step runs in its own process: one engine's teardown must not reach the next
             r.update(run_isolated(self_distill_step, args=(
                 target, mdir / "prep" / PREPARED, mdir / "sd" / PREPARED, n_sd, a.sd_prompt_len,
-                a.sd_max_tokens, _engine(a, enforce_eager=True), a.seed), name="self-distillation"))
+                a.sd_max_tokens, _engine(a, enforce_eager=True), a.seed, a.sd_temperature), name="self-distillation"))
             sd_rows = read_prepared(mdir / "sd" / PREPARED)
     with rec.step("merge") as r:
         merged = rows + sd_rows
@@ -701,7 +708,7 @@ def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
             enforce_eager=a.enforce_eager, gpu_memory_utilization=a.gpu_memory_utilization,
             max_model_len=a.eval_max_model_len, engine_kwargs=json.loads(a.engine_kwargs) if a.engine_kwargs else {},
             budget_s=a.eval_budget_s, label=f"EAGLE-3 on {a.model} target",
-            trust_remote_code=a.model == "kimi",
+            trust_remote_code=a.model == "kimi", temperature=a.temperature, seed=a.seed,
         )
         res = evaluate(cfg, log=log, raise_on_error=False)
         r.update(status=res["status"], failed=res["failed"], skipped=res["skipped"], wall_s=res.get("wall_s"),
@@ -777,10 +784,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--wait-timeout", type=float, default=900.0, help="seconds to wait for the target phase's marker")
     g.add_argument("--max-records", type=int, default=3000, help="training chunks used (seeded random subset)")
     g.add_argument("--self-distill", type=int, metavar="N",
-                   help="also train on the target's greedy continuations of N training prompts (vLLM); "
+                   help="also train on the target's continuations of N training prompts (vLLM); "
                         "default 8192 for llama with the vllm backend, else 0")
     g.add_argument("--sd-prompt-len", type=int, default=64)
     g.add_argument("--sd-max-tokens", type=int, default=448)
+    g.add_argument("--sd-temperature", type=float, default=0.0,
+                   help="0: greedy continuations; above 0: sampled (seed --seed + i for prompt i)")
     g.add_argument("--extract-backend", choices=("vllm", "transformers"), default="vllm")
     g.add_argument("--extract-dtype", choices=("bfloat16", "float32", "float8_e4m3fn"), default="bfloat16",
                    help="float8_e4m3fn: FP8 states with a scale per token and layer (half the bytes)")
@@ -824,6 +833,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch1-prompts", type=int, default=32,
                    help="same prompts as the batched run by default, so both compare like for like")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile in evaluate")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="evaluate: 0 greedy; above 0 sampled, prompt i with seed --seed + i in every configuration")
     g.add_argument("--eval-max-model-len", type=int, default=1024)
     g.add_argument("--eval-budget-s", type=float, help="skip configurations that would not fit in this many seconds")
     return p

@@ -104,6 +104,13 @@ def non_negative_int(value: str) -> int:
     return n
 
 
+def non_negative_float(value: str) -> float:
+    x = _number(value, float, "a number")
+    if not x >= 0:
+        raise _bad(f"{value} must be 0 or more")
+    return x
+
+
 def positive_float(value: str) -> float:
     x = _number(value, float, "a number")
     if not x > 0:

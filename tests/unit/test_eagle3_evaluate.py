@@ -177,3 +177,40 @@ def test_the_baseline_outputs_and_what_prompt_lookup_finds_in_them_are_kept(file
         assert rep["tokens"] == sum(map(len, outs)) and (rep["min_n"], rep["max_n"]) == (2, 5)
     assert set(kept["outputs"]) == {"batch1", "batch4"}
     assert "What prompt lookup can exploit" in (out / E.RESULT_MD).read_text()
+
+
+def test_sampled_evaluation_seeds_each_prompt_alike_and_skips_the_output_comparison(files, tmp_path):
+    out = tmp_path / "eval"
+    cfg = config(files, out)
+    cfg.temperature, cfg.seed = 0.7, 100
+    res = E.evaluate(cfg, cell_fn=H.cell, log=lambda m: None)
+    for c in res["configs"]:
+        assert all("match_baseline" not in r for r in c["runs"].values()), c["name"]
+    assert "sampled at temperature 0.7, seed 100 + prompt index" in (out / E.RESULT_MD).read_text()
+    greedy = E.evaluate(config(files, tmp_path / "greedy"), cell_fn=H.cell, log=lambda m: None)
+    assert all("match_baseline" in r for c in greedy["configs"] if c["method"] for r in c["runs"].values())
+
+
+class _Recording:
+    """What ``_run`` asks of the engine module, recorded: prompts, temperature, seeds per call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def metrics(self, llm):
+        return []
+
+    def timed_generate(self, llm, prompts, *, max_tokens, **sample):
+        self.calls.append((len(prompts), sample))
+        return [[1] * max_tokens for _ in prompts], 0.01
+
+
+def test_each_prompt_keeps_its_seed_at_batch_1_and_batched():
+    serve = _Recording()
+    E._run(serve, None, [[1], [2], [3]], 2, batched=False, temperature=0.5, seed=7)
+    E._run(serve, None, [[1], [2], [3]], 2, batched=True, temperature=0.5, seed=7)
+    E._run(serve, None, [[1], [2]], 2, batched=True)
+    assert serve.calls == [(1, {"temperature": 0.5, "seeds": [7]}), (1, {"temperature": 0.5, "seeds": [8]}),
+                           (1, {"temperature": 0.5, "seeds": [9]}), (3, {"temperature": 0.5, "seeds": [7, 8, 9]}),
+                           (2, {})]
+

@@ -207,3 +207,19 @@ def test_device_resident_samples_give_the_same_run(inputs, tmp_path):
     assert not device_cache_fits(ds, torch.device("cpu"))  # auto mode is for CUDA only
     with pytest.raises(ValueError, match="samples hold .* this run trains on"):
         train(_cfg(inputs, tmp_path / "other", dataset=str(tmp_path / "elsewhere"), max_steps=1), samples=held)
+
+
+def test_schedule_steps_make_the_cosine_span_the_steps_run(inputs, tmp_path):
+    """A run stopped by max_steps keeps the epochs' schedule unless told its length: then the
+    learning rate falls to its floor where the run stops, not part-way down."""
+    f5 = lr_lambda(warmup=2, total=5, min_ratio=0.1)
+    short = train(_cfg(inputs, tmp_path / "short", max_steps=5, schedule_steps=5, min_lr_ratio=0.1))
+    lrs = [float(r["lr"]) for r in _rows(tmp_path / "short")]
+    assert short.step == 5 and lrs == pytest.approx([3e-3 * f5(i) for i in range(5)])
+    assert lrs[-1] < 3e-3 * 0.5  # 0.325 of the peak at the last step, the floor right after it
+    stopped = train(_cfg(inputs, tmp_path / "stopped", max_steps=5, min_lr_ratio=0.1))
+    assert float(_rows(tmp_path / "stopped")[-1]["lr"]) > 3e-3 * 0.75  # 8-step schedule, stopped at 5
+    # a checkpoint of one schedule does not resume into another
+    with pytest.raises(Exception, match="schedule"):
+        train(_cfg(inputs, tmp_path / "short", max_steps=6, schedule_steps=6, min_lr_ratio=0.1))
+    assert stopped.step == 5

@@ -23,6 +23,7 @@ from ..cli_args import (
     json_object,
     jsonl_file,
     model_dir,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
@@ -204,7 +205,7 @@ def _train_into(a: argparse.Namespace, output_dir: str, online: OnlineConfig | N
 
     cfg = TrainConfig(
         dataset=a.dataset, target=a.target, vocab=a.vocab, output_dir=output_dir, epochs=a.epochs,
-        max_steps=a.max_steps, batch_size=a.batch_size, ttt_steps=a.ttt_steps, ttt_decay=a.ttt_decay,
+        max_steps=a.max_steps, schedule_steps=a.schedule_steps, batch_size=a.batch_size, ttt_steps=a.ttt_steps, ttt_decay=a.ttt_decay,
         lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, grad_clip=a.grad_clip,
         dtype=a.dtype, seed=a.seed, checkpoint_every=a.checkpoint_every, progress=not a.no_progress,
     )
@@ -262,6 +263,7 @@ def _evaluate_into(a: argparse.Namespace, output_dir: str) -> int:
         gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
         engine_kwargs=a.engine_kwargs or {}, budget_s=a.budget_s,
         baseline=not a.no_baseline, trust_remote_code=a.trust_remote_code,
+        temperature=a.temperature, seed=a.seed,
     )
     res = evaluate(cfg, raise_on_error=False)
     print(json.dumps(res["summary"]["eagle3_vs_ngram"], indent=1))
@@ -285,7 +287,10 @@ def _add_train_parser(steps: argparse._SubParsersAction) -> argparse.ArgumentPar
     s.add_argument("--vocab", required=True, type=existing_dir, help="vocab output directory")
     s.add_argument("--output", "-o", required=True)
     s.add_argument("--epochs", type=positive_int, default=1)
-    s.add_argument("--max-steps", type=positive_int)
+    s.add_argument("--max-steps", type=positive_int, help="stop after this many steps (the schedule keeps its length)")
+    s.add_argument("--schedule-steps", type=positive_int,
+                   help="the learning-rate schedule's length (default: all epochs); "
+                        "equal to --max-steps, the cosine ends where the run stops")
     s.add_argument("--batch-size", type=positive_int, default=1)
     s.add_argument("--ttt-steps", type=positive_int, default=3)
     s.add_argument("--ttt-decay", type=float, default=1.0)
@@ -397,6 +402,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--engine-kwargs", type=json_object, help="JSON: more vllm.LLM keywords")
     s.add_argument("--budget-s", type=positive_float, help="skip configurations that would not finish within this many seconds")
     s.add_argument("--no-baseline", action="store_true")
+    s.add_argument("--temperature", type=non_negative_float, default=0.0,
+                   help="0: greedy; above 0: sampled, prompt i with seed --seed + i in every configuration")
+    s.add_argument("--seed", type=non_negative_int, default=0)
     s.add_argument("--trust-remote-code", action="store_true",
                    help="run the tokenizer / processor code the target ships (Kimi-K2.5), here and in vLLM")
     s.set_defaults(func=_evaluate)

@@ -3,8 +3,9 @@
 For each configuration -- no speculation (baseline), EAGLE-3 with ``K`` speculative tokens,
 vLLM's n-gram (prompt-lookup) speculator with ``K`` -- one engine is started, warmed up,
 and run on the same held-out prompts twice: at batch 1 (the first ``batch1_prompts`` prompts,
-one ``generate`` each) and at batch ``len(prompts)`` (all in one ``generate``). Greedy,
-``ignore_eos``, ``max_tokens`` new tokens per prompt. Measured per run:
+one ``generate`` each) and at batch ``len(prompts)`` (all in one ``generate``). Greedy, or
+sampled at ``temperature`` with a seed per prompt; ``ignore_eos``, ``max_tokens`` new tokens
+per prompt. Measured per run:
 
 - output tokens / wall second around ``generate`` (speedup = tok/s over the baseline's);
 - from vLLM's spec-decode counters (``LLM.get_metrics()``; cumulative, so the difference
@@ -16,7 +17,7 @@ one ``generate`` each) and at batch ``len(prompts)`` (all in one ``generate``). 
   for n-gram (which proposes nothing when the context has no match) its acceptance length
   is conditional on a match; the effective one counts every step and compares methods on
   equal terms. For EAGLE-3 (a draft at every decode step) the two nearly agree;
-- whether the greedy outputs equal the baseline's (speculative decoding must not change
+- greedy only: whether the outputs equal the baseline's (speculative decoding must not change
   greedy output; bf16 batch-shape differences can flip a near-tie).
 
 Every configuration runs in its own process (:func:`vllm_compat.isolation.run_isolated`),
@@ -58,7 +59,7 @@ SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 RESULT_JSON = "evaluate.json"
 RESULT_MD = "evaluate.md"
 RESULT_PNG = "evaluate.png"
-BASELINE_OUTPUTS = "baseline-outputs.json"  # prompts and greedy outputs, per run, as token ids
+BASELINE_OUTPUTS = "baseline-outputs.json"  # prompts and the baseline's outputs, per run, as token ids
 
 
 class EvaluationError(VllmCompatError, RuntimeError):
@@ -229,6 +230,11 @@ class EvalConfig:
     label: str = ""
     # the target's tokenizer / processor shipped as code (Kimi-K2.5): run it (also in vLLM)
     trust_remote_code: bool = False
+    # 0: greedy. Above 0: sampled, prompt i with seed + i in every configuration; vLLM's
+    # speculative decoding keeps the target's distribution, not its samples, so outputs are
+    # not compared with the baseline's
+    temperature: float = 0.0
+    seed: int = 0
 
 
 def planned_configs(cfg: EvalConfig) -> list[dict[str, Any]]:
@@ -257,14 +263,18 @@ def _tail(text: str, n: int = 4000) -> str:
     return text if len(text) <= n else "..." + text[-n:]
 
 
-def _run(serve: Any, llm: Any, prompts: list[list[int]], max_tokens: int, batched: bool) -> tuple[dict[str, Any], list[list[int]]]:
+def _run(serve: Any, llm: Any, prompts: list[list[int]], max_tokens: int, batched: bool,
+         temperature: float = 0.0, seed: int = 0) -> tuple[dict[str, Any], list[list[int]]]:
     before = spec_counters(serve.metrics(llm))
+    sample = {"temperature": temperature} if temperature > 0 else {}
     if batched:
-        outs, wall = serve.timed_generate(llm, prompts, max_tokens=max_tokens)
+        outs, wall = serve.timed_generate(llm, prompts, max_tokens=max_tokens,
+                                          **(dict(sample, seeds=[seed + i for i in range(len(prompts))]) if sample else {}))
     else:
         outs, wall = [], 0.0
-        for p in prompts:
-            o, w = serve.timed_generate(llm, [p], max_tokens=max_tokens)
+        for i, p in enumerate(prompts):
+            o, w = serve.timed_generate(llm, [p], max_tokens=max_tokens,
+                                        **(dict(sample, seeds=[seed + i]) if sample else {}))
             outs += o
             wall += w
     delta = spec_counters(serve.metrics(llm)) - before
@@ -281,7 +291,7 @@ def run_cell(job: dict[str, Any]) -> dict[str, Any]:
     ``speculative_config``, ``engine`` (``open_llm`` keywords), ``warmup`` (prompts),
     ``warmup_tokens``, ``max_tokens``, ``runs`` (run name -> prompts; ``batch1`` one request at a time).
     Returns ``engine_start_s``, ``engine`` (what vLLM built for speculation), ``runs`` (per
-    run: counts, wall time, tok/s, acceptance) and ``outputs`` (per run: the greedy outputs)."""
+    run: counts, wall time, tok/s, acceptance) and ``outputs`` (per run: the outputs)."""
     from ..runtime import llm as serve  # imports vLLM
 
     t0 = time.perf_counter()
@@ -292,7 +302,8 @@ def run_cell(job: dict[str, Any]) -> dict[str, Any]:
         if job["warmup_tokens"] and job["warmup"]:
             serve.generate(llm, job["warmup"], max_tokens=job["warmup_tokens"])
         for run_name, ps in job["runs"].items():
-            run, outs = _run(serve, llm, ps, job["max_tokens"], batched=run_name != "batch1")
+            run, outs = _run(serve, llm, ps, job["max_tokens"], batched=run_name != "batch1",
+                             temperature=job.get("temperature", 0.0), seed=job.get("seed", 0))
             out["runs"][run_name] = run
             out["outputs"][run_name] = outs
         return out
@@ -347,10 +358,10 @@ def evaluate(cfg: EvalConfig, *, log: Any = print, raise_on_error: bool = True,
         t0 = time.perf_counter()
         job = {"target": target, "speculative_config": plan["speculative_config"], "engine": engine,
                "warmup": prompts[:2], "warmup_tokens": cfg.warmup_tokens, "max_tokens": cfg.max_tokens,
-               "runs": runs}
+               "runs": runs, "temperature": cfg.temperature, "seed": cfg.seed}
         try:
             cell = run_isolated(cell_fn, args=(job,), name=f"evaluate {plan['name']}")
-            _record_cell(entry, cell, plan, baseline_outputs, log)
+            _record_cell(entry, cell, plan, baseline_outputs, log, compare=cfg.temperature == 0)
             if plan["method"] is None:
                 result["samples"] = _samples(target, prompts[:2], baseline_outputs.get("batch1", [])[:2],
                                              cfg.trust_remote_code)
@@ -395,14 +406,14 @@ def run_status(result: dict[str, Any]) -> str:
 
 
 def _record_cell(entry: dict[str, Any], cell: dict[str, Any], plan: dict[str, Any],
-                 baseline_outputs: dict[str, list[list[int]]], log: Any) -> None:
+                 baseline_outputs: dict[str, list[list[int]]], log: Any, compare: bool = True) -> None:
     outputs = cell.get("outputs") or {}
     entry.update(engine_start_s=cell.get("engine_start_s"), engine=cell.get("engine"), runs=cell["runs"])
     for run_name, run in entry["runs"].items():
         outs = outputs.get(run_name, [])
         if plan["method"] is None:
             baseline_outputs[run_name] = outs
-        elif run_name in baseline_outputs:
+        elif compare and run_name in baseline_outputs:  # greedy only: sampled outputs may differ
             run["match_baseline"] = match_baseline(outs, baseline_outputs[run_name])
         spec = run.get("spec") or {}
         log(f"[evaluate] {plan['name']} {run_name}: {run.get('output_tok_s') or 0:.0f} tok/s, "
@@ -491,6 +502,11 @@ def _gt(a: float | None, b: float | None) -> bool | None:
     return a > (b if b is not None else 1.0)  # no n-gram draft at all: its acceptance length is 1
 
 
+def _decoding(result: dict[str, Any]) -> str:
+    t = (result.get("config") or {}).get("temperature") or 0.0
+    return f"sampled at temperature {t:g}, seed {result['config'].get('seed', 0)} + prompt index" if t > 0 else "greedy"
+
+
 def _fmt(x: Any, nd: int = 2) -> str:
     if x is None:
         return "–"
@@ -505,7 +521,7 @@ def markdown_table(result: dict[str, Any]) -> str:
     s = result.get("summary") or summarize(result)
     head = (f"vLLM {result.get('vllm_version')}; target `{result.get('target')}`; draft `{result.get('draft')}`; "
             f"{result['prompts']['count']} held-out prompts of {result['prompts']['prompt_len']} tokens, "
-            f"{result['prompts']['max_tokens']} new tokens each (greedy, ignore_eos)")
+            f"{result['prompts']['max_tokens']} new tokens each ({_decoding(result)}, ignore_eos)")
     columns = ("| config | run | tok/s | speedup | acceptance length | effective AL | per-position acceptance | "
                "draft coverage | = baseline |")
     lines = [head, ""]
@@ -532,7 +548,7 @@ def markdown_table(result: dict[str, Any]) -> str:
                          f"{_fmt(c['ngram_effective'])} | {c['eagle3_beats_ngram']} / {c['eagle3_beats_ngram_effective']} |")
     rep = result.get("baseline_repetition") or {}
     if rep:
-        lines += ["", "What prompt lookup can exploit in the baseline's greedy outputs (the n-gram runs' n range):", "",
+        lines += ["", "What prompt lookup can exploit in the baseline's outputs (the n-gram runs' n range):", "",
                   "| run | tokens | lookup proposes | lookup right | distinct 4-grams | looping outputs |",
                   "|---|---|---|---|---|---|"]
         for run, r in rep.items():

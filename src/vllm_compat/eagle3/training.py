@@ -68,6 +68,9 @@ class TrainConfig:
     output_dir: str
     epochs: int = 1
     max_steps: int | None = None  # stop early (the schedule still spans all epochs)
+    # the learning-rate schedule's length in steps (default: all epochs'); a run of max_steps
+    # steps ends its cosine at min_lr_ratio with schedule_steps = max_steps
+    schedule_steps: int | None = None
     batch_size: int = 1  # samples per rank per step
     ttt_steps: int = 3
     ttt_decay: float = 1.0
@@ -417,14 +420,15 @@ def _run(cfg: TrainConfig, source: TrainingSource, resume: bool, rank: int, worl
     if steps_per_epoch == 0:
         raise ValueError(f"{n} samples are fewer than batch_size x world_size = {cfg.batch_size * world}")
     total = steps_per_epoch * cfg.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, total, cfg.min_lr_ratio))
+    span = cfg.schedule_steps or total  # what a checkpoint's "total_steps" records: the schedule
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, span, cfg.min_lr_ratio))
     state = TrainState(module, model, params, opt, sched)
 
     found = prepare_resume(out, resume, rank)
     if found:
         saved = load_checkpoint(found[-1])
         check_resumable(found[-1], saved, num_samples=n, world_size=world, batch_size=cfg.batch_size,
-                        seed=cfg.seed, total_steps=total, epochs=cfg.epochs)
+                        seed=cfg.seed, total_steps=span, epochs=cfg.epochs)
         module.draft.load_state_dict(saved["draft"])
         opt.load_state_dict(saved["optimizer"])
         sched.load_state_dict(saved["scheduler"])
@@ -489,7 +493,7 @@ def _run(cfg: TrainConfig, source: TrainingSource, resume: bool, rank: int, worl
                     "step": step, "draft": module.draft.state_dict(), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
                     "draft_config": dcfg.to_json(), "num_samples": n, "world_size": world,
-                    "batch_size": cfg.batch_size, "seed": cfg.seed, "total_steps": total,
+                    "batch_size": cfg.batch_size, "seed": cfg.seed, "total_steps": span,
                 }, cfg.keep_checkpoints)
             if bar is not None:
                 bar.update(1)

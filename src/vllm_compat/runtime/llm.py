@@ -65,22 +65,32 @@ def generate(
     *,
     max_tokens: int,
     ignore_eos: bool = True,
+    temperature: float = 0.0,
+    seeds: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """Greedy continuations (token ids) of token-id prompts, in input order."""
-    sp = sym("SamplingParams")(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos,
-                               detokenize=False)
+    """Continuations (token ids) of token-id prompts, in input order: greedy, or sampled at
+    ``temperature`` with one seed per prompt (``seeds``), so a run can be repeated."""
+    if temperature > 0 and (seeds is None or len(seeds) != len(prompts)):
+        raise ValueError("sampling needs one seed per prompt")
+
+    def params(seed: int | None) -> Any:
+        return sym("SamplingParams")(max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos,
+                                     detokenize=False, seed=seed)
+
+    sp = [params(s) for s in seeds] if temperature > 0 and seeds is not None else params(None)
     tokens_prompt = sym("TokensPrompt")
     outs = llm.generate([tokens_prompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
 def timed_generate(llm: LLM, prompts: Sequence[Sequence[int]], *, max_tokens: int,
-                   ignore_eos: bool = True) -> tuple[list[list[int]], float]:
+                   ignore_eos: bool = True, temperature: float = 0.0,
+                   seeds: Sequence[int] | None = None) -> tuple[list[list[int]], float]:
     """:func:`generate` and its wall time. ``generate`` returns once the outputs are on the host,
     so no device synchronisation is needed (and none is done: touching CUDA in this process
     would force vLLM to spawn rather than fork its engine processes)."""
     t0 = time.perf_counter()
-    out = generate(llm, prompts, max_tokens=max_tokens, ignore_eos=ignore_eos)
+    out = generate(llm, prompts, max_tokens=max_tokens, ignore_eos=ignore_eos, temperature=temperature, seeds=seeds)
     return out, time.perf_counter() - t0
 
 
