@@ -37,11 +37,11 @@ def lookup_predictions(prompt: Sequence[int], output: Sequence[int], min_n: int,
         register(end)
     proposals: list[int | None] = []
     for tok in output:
-        proposal = None
+        proposal: int | None = None
         for n in range(max_n, min_n - 1, -1):
-            end = seen[n].get(tuple(ctx[-n:])) if len(ctx) >= n else None
-            if end is not None:
-                proposal = ctx[end + 1]
+            found = seen[n].get(tuple(ctx[-n:])) if len(ctx) >= n else None
+            if found is not None:
+                proposal = ctx[found + 1]
                 break
         proposals.append(proposal)
         ctx.append(tok)
