@@ -77,7 +77,7 @@ def train_one(dataset: Path, target: Path, vocab: Path, out: Path, a: argparse.N
                       batch_size=a.draft_batch, ttt_steps=a.ttt_steps, lr=a.draft_lr, warmup_steps=a.draft_warmup,
                       min_lr_ratio=0.1, dtype="bf16" if torch.cuda.is_available() else "fp32", seed=a.seed,
                       epochs=max(1, math.ceil(a.draft_steps / per_epoch)), max_steps=a.draft_steps,
-                      checkpoint_every=10 ** 9, progress=False, tensorboard=False)
+                      schedule_steps=a.draft_steps, checkpoint_every=10 ** 9, progress=False, tensorboard=False)
     t0 = time.perf_counter()
     res = train(cfg, resume=False)
     train_s = time.perf_counter() - t0
