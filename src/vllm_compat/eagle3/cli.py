@@ -205,7 +205,8 @@ def _train_into(a: argparse.Namespace, output_dir: str, online: OnlineConfig | N
 
     cfg = TrainConfig(
         dataset=a.dataset, target=a.target, vocab=a.vocab, output_dir=output_dir, epochs=a.epochs,
-        max_steps=a.max_steps, schedule_steps=a.schedule_steps, batch_size=a.batch_size, ttt_steps=a.ttt_steps, ttt_decay=a.ttt_decay,
+        max_steps=a.max_steps, schedule_steps=a.schedule_steps, batch_size=a.batch_size,
+        ttt_steps=a.ttt_steps, ttt_decay=a.ttt_decay,
         lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, grad_clip=a.grad_clip,
         dtype=a.dtype, seed=a.seed, checkpoint_every=a.checkpoint_every, progress=not a.no_progress,
     )

@@ -265,16 +265,17 @@ def _tail(text: str, n: int = 4000) -> str:
 
 def _run(serve: Any, llm: Any, prompts: list[list[int]], max_tokens: int, batched: bool,
          temperature: float = 0.0, seed: int = 0) -> tuple[dict[str, Any], list[list[int]]]:
+    def sampling(seeds: list[int]) -> dict[str, Any]:  # prompt i keeps seed + i at any batch size
+        return {"temperature": temperature, "seeds": seeds} if temperature > 0 else {}
+
     before = spec_counters(serve.metrics(llm))
-    sample = {"temperature": temperature} if temperature > 0 else {}
     if batched:
         outs, wall = serve.timed_generate(llm, prompts, max_tokens=max_tokens,
-                                          **(dict(sample, seeds=[seed + i for i in range(len(prompts))]) if sample else {}))
+                                          **sampling([seed + i for i in range(len(prompts))]))
     else:
         outs, wall = [], 0.0
         for i, p in enumerate(prompts):
-            o, w = serve.timed_generate(llm, [p], max_tokens=max_tokens,
-                                        **(dict(sample, seeds=[seed + i]) if sample else {}))
+            o, w = serve.timed_generate(llm, [p], max_tokens=max_tokens, **sampling([seed + i]))
             outs += o
             wall += w
     delta = spec_counters(serve.metrics(llm)) - before
