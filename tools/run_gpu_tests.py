@@ -148,7 +148,7 @@ def run_unit(unit: str, ids: list[str], logs: Path, env: dict[str, str], n: int,
         # -s: the output (an engine process's root cause included) reaches the log as it is
         # written, so a unit stopped by a timeout keeps it; captured output would be lost
         rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
-                             "-q", "-s", "-rfE", *extra, *ids], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                             "-q", "-s", *extra, *ids], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                             env=dict(env, VLLM_COMPAT_GPU_RESULTS=str(logs / f"records-{n}.jsonl"))
                             ).returncode
     tail = log.read_text(errors="replace").splitlines()[-3:]
