@@ -7,8 +7,8 @@ refuses (:class:`PlacementError`) when it does not fit, and only then loads the 
 
 The plan is an estimate, stated as one: the target's weights are its checkpoint files; the
 draft, its gradients and AdamW's moments are counted parameter by parameter; the training
-step's activations are counted for the longest of the first records (logits over the
-target and draft vocabularies per TTT step, forward and backward); the engine's own
+step's activations are counted for the longest of the first records (the draft's logits per
+TTT step, forward and backward, and the target's labels once); the engine's own
 activations and CUDA graphs are a reserve (``ENGINE_RESERVE``), since vLLM profiles them only
 once it starts.
 """
@@ -27,6 +27,7 @@ import torch
 from ..errors import VllmCompatError
 from ..extract import fp8
 from ..target import TargetInfo
+from .model import TARGET_ROWS_PER_MATMUL
 
 GIB = 1 << 30
 ENGINE_RESERVE = 2 * GIB  # vLLM's activations, CUDA graphs, NCCL buffers: profiled at start
@@ -116,8 +117,12 @@ def memory_plan(*, device: torch.device, target: TargetInfo, backend: str, draft
     head = target.vocab_size * target.hidden_size + target.hidden_size  # TargetHead, fp32
     tokens = batch_size * longest_record
     dc = draft_config
-    per_token = ttt_steps * ((dc.target_vocab_size + 2 * dc.draft_vocab_size) * 4 * 2
-                             + 24 * dc.hidden_size * 4)
+    # per TTT step: the draft's logits and float32 log-softmax kept for backward, and the
+    # layer's activations; once per batch: the target's labels over the draft vocabulary and
+    # one piece of its whole-vocabulary logits (model.target_labels; never all 163,840 ids of
+    # Kimi-K2.5 at once, as this estimate counted them per step before)
+    per_token = ttt_steps * (2 * dc.draft_vocab_size * 4 * 2 + 24 * dc.hidden_size * 4)
+    per_token += (dc.draft_vocab_size + min(TARGET_ROWS_PER_MATMUL, dc.target_vocab_size)) * 4
     per_token += (len(dc.aux_layer_ids) + 1) * dc.hidden_size * 4 * 2  # the states, fp32 copies
     return MemoryPlan(
         device=str(device), limit_bytes=limit_bytes, weights_bytes=weights, kv_cache_bytes=kv,
