@@ -16,6 +16,8 @@ built from them. Then, one after another:
              training that reads shards from a warm page cache.
   colocated  ``train_online`` with the engine in this process on the training GPU, with a
              fixed KV-cache budget (``--kv-cache-memory-bytes``).
+  colocated-stream  the same with the draft's step on a CUDA stream of its own
+             (``OnlineConfig.trainer_stream``), beside the engine's kernels.
   split      ``train_online`` with the engine in its own process on ``--engine-devices``.
 
 An untimed offline run goes first (kernel selection for each batch shape happens once per
@@ -54,7 +56,7 @@ from . import gpu_models
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "vllm-compat-gpu-online-training/1"
-PLACEMENTS = ("colocated", "split")
+PLACEMENTS = ("colocated", "colocated-stream", "split")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -275,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for placement in a.placements.split(","):
         oc = OnlineConfig(backend=a.backend, states_dtype=a.states_dtype, queue_depth=a.queue_depth,
-                          unit_steps=a.unit_steps, placement=placement,
+                          unit_steps=a.unit_steps, placement=placement.removesuffix("-stream"),
+                          trainer_stream=placement.endswith("-stream"),
                           engine_devices=a.engine_devices if placement == "split" and cuda else None,
                           kv_cache_memory_bytes=a.kv_cache_memory_bytes if a.backend == "vllm" else None)
         mark = {}

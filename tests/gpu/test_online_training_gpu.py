@@ -125,6 +125,20 @@ def test_colocated_online_training_follows_offline_training(offline, colocated):
     assert plan["kv_cache_bytes"] == KV_BYTES and plan["weights_bytes"] > 0
 
 
+def test_trainer_stream_follows_offline_training(setup, offline):
+    """The draft's step on a CUDA stream of its own, beside the in-process engine's: the same
+    data order and losses as offline (a batch used before its copy finished would not be)."""
+    from vllm_compat.eagle3.online import train_online
+
+    out = setup["dir"] / "colocated-stream"
+    assert train_online(_cfg(setup, out), _online(setup, trainer_stream=True)).step == TOTAL
+    assert _rows(out, "data_order.csv") == _rows(offline, "data_order.csv")
+    a, b = _rows(out, "metrics.csv"), _rows(offline, "metrics.csv")
+    worst = max(_rel(x["loss"], y["loss"]) for x, y in zip(a, b))
+    M.record("online_trainer_stream_vs_offline_loss", worst_rel=worst, steps=len(a))
+    assert len(a) == TOTAL and worst < 2e-2
+
+
 def test_no_states_under_the_output_directory(colocated):
     names = sorted(str(p.relative_to(colocated)) for p in colocated.rglob("*") if p.is_file())
     assert not [n for n in names if n.endswith(".safetensors") and not n.startswith("final/")], names

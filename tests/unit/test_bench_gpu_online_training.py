@@ -15,6 +15,8 @@ from bench import gpu_online_training as bench
 
 def test_arguments_are_checked(capsys):
     assert bench.parse_args(["--model", "llama-tiny", "--out", "x"]).placements == "colocated,split"
+    assert bench.parse_args(["--model", "llama-tiny", "--out", "x", "--placements",
+                             "colocated,colocated-stream"]).placements == "colocated,colocated-stream"
     with pytest.raises(SystemExit):
         bench.parse_args(["--model", "llama-tiny", "--out", "x", "--placements", "colocated,remote"])
     assert "unknown placement" in capsys.readouterr().err

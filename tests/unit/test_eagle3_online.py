@@ -261,7 +261,9 @@ def test_cli_online_run_and_option_checks(tiny, online_bf16, tmp_path, capsys):
     for extra, message in (
             (["--cache", str(tmp_path / "c")], "--cache: only with --online"),
             (online_args + ["--kv-cache-memory-bytes", "1000"], "--kv-cache-memory-bytes: vLLM engine options"),
-            (online_args[:-4] + ["--queue-depth", "0"], "queue_depth must be >= 1")):
+            (online_args[:-4] + ["--queue-depth", "0"], "queue_depth must be >= 1"),
+            (["--trainer-stream"], "--trainer-stream: only with --online"),
+            (online_args + ["--trainer-stream", "--engine-devices", "1"], "is for the co-located placement")):
         assert cli_main(args + extra) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err

@@ -50,6 +50,7 @@ import time
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -439,6 +440,15 @@ class OnlineSource:
 # ----------------------------------------------------------------------------- entry point
 
 
+def trainer_stream(online: OnlineConfig, device: torch.device) -> Any:
+    """The stream the training step runs on: its own with ``online.trainer_stream`` on a CUDA
+    device (batches reach the GPU through host memory on that stream, so no tensor crosses
+    from the engine's stream to it), else the current one."""
+    if online.trainer_stream and device.type == "cuda":
+        return torch.cuda.stream(torch.cuda.Stream(device))
+    return nullcontext()
+
+
 def train_online(cfg: Any, online: OnlineConfig, *, resume: bool = True,
                  on_event: Callable[[dict[str, Any]], None] | None = None) -> Any:
     """Train the draft on states extracted while training. ``cfg``: a
@@ -495,8 +505,9 @@ def train_online(cfg: Any, online: OnlineConfig, *, resume: bool = True,
         except BaseException:
             extractor.close()
             raise
-        return run_training(cfg, source, resume=resume, dist=(rank, world, device, started_pg),
-                            pin=device.type == "cuda", scalar_prefix="online")
+        with trainer_stream(online, device):
+            return run_training(cfg, source, resume=resume, dist=(rank, world, device, started_pg),
+                                pin=device.type == "cuda", scalar_prefix="online")
     finally:
         if lock is not None:
             lock.release()

@@ -43,6 +43,10 @@ class OnlineConfig:
     # co-located: the memory both may use (None: the CUDA device's total; on the CPU unchecked)
     memory_limit_bytes: int | None = None
     extractor_kwargs: dict[str, Any] = field(default_factory=dict)  # more HiddenStatesExtractor keywords
+    # co-located on a GPU: the draft's training step on a CUDA stream of its own. The in-process
+    # engine and the trainer otherwise queue their kernels on one default stream, one after
+    # the other, so neither can run while the other's kernels are queued
+    trainer_stream: bool = False
 
     def check(self) -> None:
         if self.backend not in BACKENDS:
@@ -71,6 +75,9 @@ class OnlineConfig:
         elif self.engine_replicas is not None or self.ray_address is not None:
             raise ValueError("engine_replicas / ray_address (CLI --engine-replicas, --ray-address) "
                              "go with the replicas placement")
+        if self.trainer_stream and self.placement != "colocated":
+            raise ValueError("trainer_stream (CLI --trainer-stream) is for the co-located placement: "
+                             "the split and replicas placements run the engine in other processes")
         if self.placement == "split" and not self.engine_devices and self.backend == "vllm":
             raise ValueError("the split placement runs the engine on its own GPUs: name them "
                              "(engine_devices='1', CLI --engine-devices 1)")
@@ -102,7 +109,7 @@ _ONLINE_ONLY = ("backend", "aux_layer_ids", "states_dtype", "queue_depth", "unit
                 "samples_per_unit", "samples_per_shard", "engine_devices", "engine_replicas",
                 "ray_address", "kv_cache_memory_bytes",
                 "gpu_memory_utilization", "max_num_batched_tokens", "tensor_parallel_size",
-                "engine_kwargs", "trust_remote_code")
+                "engine_kwargs", "trust_remote_code", "trainer_stream")
 
 
 def add_online_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,6 +152,9 @@ def add_online_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--engine-kwargs", help="JSON of more vllm.LLM keywords")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="let the engine run the code the checkpoint ships (Kimi-K2.5)")
+    g.add_argument("--trainer-stream", action="store_true",
+                   help="co-located on a GPU: the draft's training step on a CUDA stream of its own, "
+                        "beside the engine's")
 
 
 def online_config(a: argparse.Namespace) -> OnlineConfig | None:
@@ -195,6 +205,7 @@ def online_config(a: argparse.Namespace) -> OnlineConfig | None:
                    else "split" if a.engine_devices else "colocated"),
         engine_devices=a.engine_devices, engine_replicas=a.engine_replicas,
         ray_address=a.ray_address, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
-        gpu_memory_utilization=a.gpu_memory_utilization, extractor_kwargs=extractor_kwargs)
+        gpu_memory_utilization=a.gpu_memory_utilization, extractor_kwargs=extractor_kwargs,
+        trainer_stream=a.trainer_stream)
     cfg.check()
     return cfg
