@@ -27,7 +27,8 @@ seconds from the moment the run's sample source exists (the engine loaded, the d
 built) to the end of training: engine start-up is reported apart (``engine_start_s``). The
 summary holds ``online_tokens_per_s / offline_tokens_per_s`` per placement; each online run
 also says where its time went (seconds the extractor computed, the trainer waited for a
-batch, the extractor waited for room). Peak GPU memory is sampled every 50 ms with
+batch, the extractor waited for room, and the producer's host work between the two: checks,
+cast, padding and pinning). Peak GPU memory is sampled every 50 ms with
 ``torch.cuda.mem_get_info`` on every device the run uses (the engine process's memory
 included), minus what was in use once cached blocks were released, beside this process's
 allocator peak.
@@ -177,9 +178,10 @@ def _timed_source(module: Any, cls_name: str, mark: dict[str, float],
 
 def online_times(source: Any) -> dict[str, float]:
     """Where an online run's time went, from its source's counters: seconds the extractor
-    computed, the trainer waited for a batch, the extractor waited for room in the queue."""
+    computed, the producer spent on host work between extraction and the queue (checks, cast,
+    padding, pinning), the trainer waited for a batch, the extractor waited for room."""
     return {k: round(float(getattr(source, k)), 3)
-            for k in ("extract_busy_s", "trainer_wait_s", "extractor_wait_s", "extracted_tokens")}
+            for k in ("extract_busy_s", "prepare_s", "trainer_wait_s", "extractor_wait_s", "extracted_tokens")}
 
 
 def trained_tokens(out: Path, records: Path) -> int:

@@ -37,4 +37,4 @@ def test_cpu_run_writes_rates_memory_and_provenance(tmp_path, one_torch_thread):
     assert on["peak_gib"] == {}  # no CUDA device: nothing sampled
     # where the online run's time went: the extractor extracted every token it trained on
     assert on["extracted_tokens"] >= on["tokens"] and on["extract_busy_s"] > 0
-    assert on["trainer_wait_s"] >= 0 and on["extractor_wait_s"] >= 0
+    assert on["trainer_wait_s"] >= 0 and on["extractor_wait_s"] >= 0 and on["prepare_s"] > 0

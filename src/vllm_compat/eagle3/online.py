@@ -200,6 +200,9 @@ class OnlineSource:
         self.trained_tokens = 0
         self.trainer_wait_s = 0.0
         self.extractor_wait_s = 0.0
+        # host work of the producer between extraction and the queue: each sample's checks and
+        # cast, each batch's padding and pinning (neither extraction nor training)
+        self.prepare_s = 0.0
         self._t0 = time.monotonic()
         self._last: dict[str, float] = {}
         self._cache_units: OrderedDict[int, HiddenStatesDataset] = OrderedDict()
@@ -290,7 +293,7 @@ class OnlineSource:
                     if s < sampler.start or s >= sampler.stop:
                         continue
                     rate = self.extracted_tokens / max(self.extract_busy_s, 1e-9)
-                    if not self._put((make_batch(samples), tokens, rate, None)):
+                    if not self._put((self._batch(make_batch, samples), tokens, rate, None)):
                         return
                 if self._stop.is_set():
                     return
@@ -363,7 +366,7 @@ class OnlineSource:
             if s not in kept:
                 continue
             rate = self.extracted_tokens / max(self.extract_busy_s, 1e-9)
-            if not self._put((make_batch(samples), tokens, rate, k if s == kept[-1] else None)):
+            if not self._put((self._batch(make_batch, samples), tokens, rate, k if s == kept[-1] else None)):
                 return False
         return True
 
@@ -399,7 +402,14 @@ class OnlineSource:
             if close is not None:
                 close()
 
+    def _batch(self, make_batch: MakeBatch, samples: list[Sample]) -> dict[str, torch.Tensor]:
+        t = time.monotonic()
+        batch = make_batch(samples)
+        self.prepare_s += time.monotonic() - t
+        return batch
+
     def _sample(self, index: int, record: tuple[torch.Tensor, torch.Tensor], got: Any) -> Sample:
+        t = time.monotonic()
         ids, mask = record
         if not torch.equal(got.token_ids.to(torch.int64), ids):
             raise RuntimeError(f"record {index}: the extractor's tokens differ from the record's")
@@ -407,6 +417,7 @@ class OnlineSource:
         sample = {"input_ids": ids, "loss_mask": mask, "hidden_states": hs}
         check_sample(sample, len(self.manifest.layer_ids), self.manifest.hidden_size)
         _check_finite(index, hs)
+        self.prepare_s += time.monotonic() - t
         return sample
 
     # ---- the cache (offline work-unit format)
