@@ -1,4 +1,4 @@
-"""How repetitive a target's greedy outputs are: what vLLM's n-gram (prompt-lookup) speculator
+"""How repetitive a target's outputs are: what vLLM's n-gram (prompt-lookup) speculator
 can exploit in them.
 
 A small target trained on a small corpus loops, and prompt lookup predicts a loop perfectly;
