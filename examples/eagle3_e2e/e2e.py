@@ -53,6 +53,8 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from vllm_compat.cli_args import non_negative_float
+
 MODELS = ("llama", "deepseek", "kimi")
 JSONL = "e2e.jsonl"
 SUMMARY = "e2e.json"
@@ -788,7 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "default 8192 for llama with the vllm backend, else 0")
     g.add_argument("--sd-prompt-len", type=int, default=64)
     g.add_argument("--sd-max-tokens", type=int, default=448)
-    g.add_argument("--sd-temperature", type=float, default=0.0,
+    g.add_argument("--sd-temperature", type=non_negative_float, default=0.0,
                    help="0: greedy continuations; above 0: sampled (seed --seed + i for prompt i)")
     g.add_argument("--extract-backend", choices=("vllm", "transformers"), default="vllm")
     g.add_argument("--extract-dtype", choices=("bfloat16", "float32", "float8_e4m3fn"), default="bfloat16",
@@ -833,7 +835,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch1-prompts", type=int, default=32,
                    help="same prompts as the batched run by default, so both compare like for like")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile in evaluate")
-    g.add_argument("--temperature", type=float, default=0.0,
+    g.add_argument("--temperature", type=non_negative_float, default=0.0,
                    help="evaluate: 0 greedy; above 0 sampled, prompt i with seed --seed + i in every configuration")
     g.add_argument("--eval-max-model-len", type=int, default=1024)
     g.add_argument("--eval-budget-s", type=float, help="skip configurations that would not fit in this many seconds")
