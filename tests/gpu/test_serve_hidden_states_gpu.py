@@ -117,7 +117,7 @@ def _wait_unlocked(lock: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_server_files_equal_vllms_own_where_its_path_works(ckpts, kind, tmp_path):
+def test_server_files_equal_vllms_own_where_its_path_works(ckpts, kind, tmp_path, monkeypatch):
     import vllm
     from packaging.version import Version
 
@@ -140,6 +140,9 @@ def test_server_files_equal_vllms_own_where_its_path_works(ckpts, kind, tmp_path
     try:
         if Version(Version(vllm.__version__).base_version) < Version("0.17.1"):
             pytest.skip("no extract_hidden_states before vLLM 0.17.1")
+        # this process has CUDA up (the checkpoints were built on it), so vLLM's engine
+        # process must be spawned: a forked one fails with "Cannot re-initialize CUDA"
+        monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         theirs = _vllm_files(path, ids, prompts, tmp_path / "vllm")
         exact = sum(int((a["hidden_states"] == b["hidden_states"]).sum())
                     for a, b in zip(ours, theirs))
