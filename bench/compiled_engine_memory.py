@@ -57,9 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import vllm
 
-    held, t0 = [], time.perf_counter()
-    for _ in range(a.cycles):
-        cycle(a.model, a.kv_cache_bytes)
+    held, error, t0 = [], None, time.perf_counter()
+    for i in range(a.cycles):
+        try:
+            cycle(a.model, a.kv_cache_bytes)
+        except Exception as exc:  # noqa: BLE001 - an engine that cannot start again is a result
+            error = f"cycle {i + 1}: {type(exc).__name__}: {exc}"[:2000]
+            break
         close()
         if a.dynamo_reset:
             torch._dynamo.reset()
@@ -68,12 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         held.append(torch.cuda.memory_reserved())
     per_cycle = (held[-1] - held[1]) / max(1, len(held) - 2) / MIB if len(held) > 2 else None
     res = {"vllm": vllm.__version__, "torch": torch.__version__, "model": a.model,
-           "dynamo_reset": a.dynamo_reset, "reserved_after_close_mib":
-           [round(h / MIB, 1) for h in held], "growth_per_cycle_mib": per_cycle,
-           "wall_s": round(time.perf_counter() - t0, 1)}
+           "dynamo_reset": a.dynamo_reset, "kv_cache_mib": a.kv_cache_bytes / MIB,
+           "reserved_after_close_mib": [round(h / MIB, 1) for h in held],
+           "growth_per_cycle_mib": per_cycle,
+           "error": error, "wall_s": round(time.perf_counter() - t0, 1)}
     Path(a.out).write_text(json.dumps(res, indent=1))
     print(json.dumps(res))
-    return 0
+    return 1 if error else 0
 
 
 if __name__ == "__main__":

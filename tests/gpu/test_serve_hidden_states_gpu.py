@@ -32,6 +32,10 @@ pytestmark = pytest.mark.gpu
 
 KINDS = ["llama", "deepseek_v3", "kimi_k25"]
 TOL_BF16 = 0.02  # two bf16 computations of the same states (relative Frobenius error)
+# Deep layers of a random MoE model amplify bf16 rounding: on the Kimi shape two runs of vLLM's
+# own path differ by more than TOL_BF16 (docs/results/kimi-state-audit.md). Past TOL_BF16 the
+# test starts vLLM's path a second time and allows twice what vLLM differs from itself.
+NOISE_FACTOR = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +87,12 @@ def _vllm_files(path: str, ids: list[int], prompts: list[list[int]], store: Path
     finally:
         from vllm_compat.runtime.llm import release_llm
         release_llm(llm)
+
+
+def _worst_rel(xs: list[dict], ys: list[dict]) -> float:
+    return max(M.rel_err(y["hidden_states"].float(), x["hidden_states"].float())
+               if x["hidden_states"].shape == y["hidden_states"].shape else float("inf")
+               for x, y in zip(xs, ys))
 
 
 def _server_files(path: str, ids: list[int], prompts: list[list[int]], work: Path,
@@ -147,18 +157,21 @@ def test_server_files_equal_vllms_own_where_its_path_works(ckpts, kind, tmp_path
         exact = sum(int((a["hidden_states"] == b["hidden_states"]).sum())
                     for a, b in zip(ours, theirs))
         total = sum(a["hidden_states"].numel() for a in ours)
-        rel = max(M.rel_err(b["hidden_states"].float(), a["hidden_states"].float())
-                  if a["hidden_states"].shape == b["hidden_states"].shape else float("inf")
-                  for a, b in zip(ours, theirs))
+        rel = _worst_rel(ours, theirs)
         same_ids = all(torch.equal(a["token_ids"], b["token_ids"]) for a, b in zip(ours, theirs))
         row.update(vllm_ran=True, bit_equal_share=exact / total, worst_rel_err=rel,
-                   token_ids_equal=same_ids)
+                   token_ids_equal=same_ids, tolerance=TOL_BF16)
+        if rel > TOL_BF16:
+            again = _vllm_files(path, ids, prompts, tmp_path / "vllm-again")
+            noise = _worst_rel(again, theirs)
+            row.update(vllm_vs_itself_rel_err=noise, tolerance=max(TOL_BF16, NOISE_FACTOR * noise))
     except Exception as exc:  # noqa: BLE001 - vLLM's own path failing is a result
         row.update(vllm_ran=False, error=f"{type(exc).__name__}: {exc}"[:2000])
     M.record(f"serve_vs_native:{kind}", **row)
     for f in ours:
         assert f["hidden_states"].dtype == torch.bfloat16 and f["token_ids"].dtype == torch.int64
-    works = row.get("vllm_ran") and row.get("token_ids_equal") and row["worst_rel_err"] <= TOL_BF16
+    works = (row.get("vllm_ran") and row.get("token_ids_equal")
+             and row["worst_rel_err"] <= row["tolerance"])
     # backend="native" is allowed exactly where vLLM's own path gives the states
     assert bool(works) == allowed, row
 

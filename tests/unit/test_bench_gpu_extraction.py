@@ -313,6 +313,18 @@ def test_failures_and_the_time_budget_are_recorded(tiny_ckpt, tmp_path, monkeypa
     capsys.readouterr()
 
 
+def test_the_time_budget_starts_once_the_checkpoint_is_built(tmp_path, capsys):
+    # (d) is estimated at 90 s: with the build counted, 90.5 s would skip it
+    out = tmp_path / "r"
+    ge.main(["--model", "llama-tiny", "--ckpt-dir", str(tmp_path / "ckpt"),
+             "--out", str(out), "--modes", "d", "--no-plot", "--time-budget-s", "90.5",
+             *TINY_ARGS])
+    res = json.loads((out / "gpu_extraction-llama-tiny.json").read_text())
+    assert res["build"]["wall_s"] > 0.5
+    assert res["modes"]["d"]["status"] == "ok", res["modes"]["d"]
+    capsys.readouterr()
+
+
 def test_merge_keeps_modes_of_an_earlier_run(tiny_ckpt, tmp_path, capsys):
     out = tmp_path / "r"
     out.mkdir()
