@@ -18,6 +18,8 @@ built from them. Then, one after another:
              fixed KV-cache budget (``--kv-cache-memory-bytes``).
   colocated-stream  the same with the draft's step on a CUDA stream of its own
              (``OnlineConfig.trainer_stream``), beside the engine's kernels.
+  colocated-process the same GPU, the engine in a process of its own
+             (``OnlineConfig.engine_process``): no interpreter lock shared with the trainer.
   split      ``train_online`` with the engine in its own process on ``--engine-devices``.
 
 An untimed offline run goes first (kernel selection for each batch shape happens once per
@@ -57,7 +59,7 @@ from . import gpu_models
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "vllm-compat-gpu-online-training/1"
-PLACEMENTS = ("colocated", "colocated-stream", "split")
+PLACEMENTS = ("colocated", "colocated-stream", "colocated-process", "split")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -279,8 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for placement in a.placements.split(","):
         oc = OnlineConfig(backend=a.backend, states_dtype=a.states_dtype, queue_depth=a.queue_depth,
-                          unit_steps=a.unit_steps, placement=placement.removesuffix("-stream"),
+                          unit_steps=a.unit_steps, placement=placement.split("-")[0],
                           trainer_stream=placement.endswith("-stream"),
+                          engine_process=placement.endswith("-process"),
                           engine_devices=a.engine_devices if placement == "split" and cuda else None,
                           kv_cache_memory_bytes=a.kv_cache_memory_bytes if a.backend == "vllm" else None)
         mark = {}

@@ -139,6 +139,20 @@ def test_trainer_stream_follows_offline_training(setup, offline):
     assert len(a) == TOTAL and worst < 2e-2
 
 
+def test_engine_process_on_the_training_gpu_follows_offline_training(setup, offline):
+    """The engine in a process of its own on the trainer's GPU, behind the co-located memory
+    plan: the same data order and losses as offline."""
+    from vllm_compat.eagle3.online import train_online
+
+    out = setup["dir"] / "colocated-process"
+    assert train_online(_cfg(setup, out), _online(setup, engine_process=True)).step == TOTAL
+    assert _rows(out, "data_order.csv") == _rows(offline, "data_order.csv")
+    a, b = _rows(out, "metrics.csv"), _rows(offline, "metrics.csv")
+    worst = max(_rel(x["loss"], y["loss"]) for x, y in zip(a, b))
+    M.record("online_engine_process_vs_offline_loss", worst_rel=worst, steps=len(a))
+    assert len(a) == TOTAL and worst < 2e-2
+
+
 def test_no_states_under_the_output_directory(colocated):
     names = sorted(str(p.relative_to(colocated)) for p in colocated.rglob("*") if p.is_file())
     assert not [n for n in names if n.endswith(".safetensors") and not n.startswith("final/")], names

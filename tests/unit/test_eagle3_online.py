@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,32 @@ def test_split_placement_passes_states_through_shared_memory(tiny, online_bf16, 
     assert_same_run(online_bf16, out)
 
 
+def test_colocated_engine_process_is_the_same_run_behind_the_same_memory_plan(tiny, online_bf16,
+                                                                           tmp_path, monkeypatch):
+    """--engine-process: the co-located memory plan, then the engine in a spawned process on
+    the trainer's device (the CPU here)."""
+    from vllm_compat.eagle3 import split_engine
+
+    started = []
+
+    class Spy(split_engine.SplitEngine):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            started.append((k, self._proc.pid))
+
+    monkeypatch.setattr(split_engine, "SplitEngine", Spy)
+    out = tmp_path / "process"
+    train_online(cfg(tiny, out), online(engine_process=True))
+    assert_same_run(online_bf16, out)
+    (kw, pid), = started
+    assert kw["device"].type == "cpu" and pid != os.getpid()
+    assert json.loads((out / MEMORY_PLAN).read_text())["draft_bytes"] > 0
+    with pytest.raises(PlacementError):  # refused by the plan, before any engine starts
+        train_online(cfg(tiny, tmp_path / "refused"), online(engine_process=True,
+                                                             memory_limit_bytes=100_000))
+    assert len(started) == 1
+
+
 def test_colocated_refuses_what_does_not_fit_and_names_the_split_placement(tiny, tmp_path):
     out = tmp_path / "refused"
     with pytest.raises(PlacementError) as info:
@@ -263,7 +290,9 @@ def test_cli_online_run_and_option_checks(tiny, online_bf16, tmp_path, capsys):
             (online_args + ["--kv-cache-memory-bytes", "1000"], "--kv-cache-memory-bytes: vLLM engine options"),
             (online_args[:-4] + ["--queue-depth", "0"], "queue_depth must be >= 1"),
             (["--trainer-stream"], "--trainer-stream: only with --online"),
-            (online_args + ["--trainer-stream", "--engine-devices", "1"], "is for the co-located placement")):
+            (online_args + ["--trainer-stream", "--engine-devices", "1"], "is for the co-located placement"),
+            (["--engine-process"], "--engine-process: only with --online"),
+            (online_args + ["--engine-process", "--trainer-stream"], "without --trainer-stream")):
         assert cli_main(args + extra) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err

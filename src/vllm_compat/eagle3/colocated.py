@@ -3,7 +3,8 @@
 The engine gets a fixed KV-cache budget (vLLM's ``kv_cache_memory_bytes``) instead of a
 share of the device's memory, so the memory left to the trainer is known before either
 starts. :func:`memory_plan` adds up what both will hold, :func:`open_colocated` prints it,
-refuses (:class:`PlacementError`) when it does not fit, and only then loads the engine.
+refuses (:class:`PlacementError`) when it does not fit, and only then loads the engine, in
+this process or (``engine_process``) in a spawned one on the same device.
 
 The plan is an estimate, stated as one: the target's weights are its checkpoint files; the
 draft, its gradients and AdamW's moments are counted parameter by parameter; the training
@@ -168,6 +169,11 @@ def open_colocated(cfg: Any, online: Any, target: TargetInfo, aux: tuple[int, ..
             f"{plan.activation_bytes / GIB:.1f}); {plan.limit_bytes / GIB:.1f} GiB are available. Use the "
             "split placement (--engine-devices 1: the engine on other GPUs of this host, the "
             "trainer here), or a smaller KV budget (--kv-cache-memory-bytes), batch size or draft")
+    if online.engine_process:
+        from .split_engine import SplitEngine
+
+        return SplitEngine(target.path, [*aux, target.num_hidden_layers], online,
+                           kv_cache_bytes=plan.kv_cache_bytes, device=device)
     kw: dict[str, Any] = dict(online.extractor_kwargs)
     if fp8.is_fp8(online.states_dtype):
         kw["states_dtype"] = fp8.FP8_DTYPE  # encoded where the states are (the GPU)

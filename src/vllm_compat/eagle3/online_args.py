@@ -47,6 +47,10 @@ class OnlineConfig:
     # engine and the trainer otherwise queue their kernels on one default stream, one after
     # the other, so neither can run while the other's kernels are queued
     trainer_stream: bool = False
+    # co-located: the engine in a spawned process of its own on the trainer's device (as the
+    # split placement runs it), so its Python does not take turns with the trainer's for one
+    # interpreter lock; the memory plan is the same
+    engine_process: bool = False
 
     def check(self) -> None:
         if self.backend not in BACKENDS:
@@ -78,6 +82,10 @@ class OnlineConfig:
         if self.trainer_stream and self.placement != "colocated":
             raise ValueError("trainer_stream (CLI --trainer-stream) is for the co-located placement: "
                              "the split and replicas placements run the engine in other processes")
+        if self.engine_process and (self.placement != "colocated" or self.trainer_stream):
+            raise ValueError("engine_process (CLI --engine-process) is for the co-located "
+                             "placement, without --trainer-stream: the engine gets a process of "
+                             "its own on the training GPU")
         if self.placement == "split" and not self.engine_devices and self.backend == "vllm":
             raise ValueError("the split placement runs the engine on its own GPUs: name them "
                              "(engine_devices='1', CLI --engine-devices 1)")
@@ -109,7 +117,7 @@ _ONLINE_ONLY = ("backend", "aux_layer_ids", "states_dtype", "queue_depth", "unit
                 "samples_per_unit", "samples_per_shard", "engine_devices", "engine_replicas",
                 "ray_address", "kv_cache_memory_bytes",
                 "gpu_memory_utilization", "max_num_batched_tokens", "tensor_parallel_size",
-                "engine_kwargs", "trust_remote_code", "trainer_stream")
+                "engine_kwargs", "trust_remote_code", "trainer_stream", "engine_process")
 
 
 def add_online_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,6 +163,9 @@ def add_online_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--trainer-stream", action="store_true",
                    help="co-located on a GPU: the draft's training step on a CUDA stream of its own, "
                         "beside the engine's")
+    g.add_argument("--engine-process", action="store_true",
+                   help="co-located: the engine in a process of its own on the training GPU, so "
+                        "its Python and the trainer's do not take turns in one interpreter")
 
 
 def online_config(a: argparse.Namespace) -> OnlineConfig | None:
@@ -206,6 +217,6 @@ def online_config(a: argparse.Namespace) -> OnlineConfig | None:
         engine_devices=a.engine_devices, engine_replicas=a.engine_replicas,
         ray_address=a.ray_address, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
         gpu_memory_utilization=a.gpu_memory_utilization, extractor_kwargs=extractor_kwargs,
-        trainer_stream=a.trainer_stream)
+        trainer_stream=a.trainer_stream, engine_process=a.engine_process)
     cfg.check()
     return cfg

@@ -139,9 +139,16 @@ class SplitEngine:
     ``online``: an :class:`~vllm_compat.eagle3.online.OnlineConfig` (backend,
     ``engine_devices``, states dtype, ``extractor_kwargs``)."""
 
-    def __init__(self, target: str, layer_ids: Sequence[int], online: Any) -> None:
+    def __init__(self, target: str, layer_ids: Sequence[int], online: Any, *,
+                 kv_cache_bytes: int | None = None, device: torch.device | None = None) -> None:
+        """``kv_cache_bytes`` and ``device``: the co-located memory plan's KV budget and the
+        trainer's device, when the engine shares it (``online.engine_process``)."""
         self.layer_ids = tuple(layer_ids)
         kw = engine_kwargs(online)
+        if kv_cache_bytes and online.backend == "vllm":
+            kw.setdefault("kv_cache_memory_bytes", kv_cache_bytes)
+        if device is not None and online.backend == "transformers":
+            kw.setdefault("device", str(device))
         devices = None
         if online.engine_devices:
             devices = engine_visible_devices(online.engine_devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
