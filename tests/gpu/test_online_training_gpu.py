@@ -125,32 +125,30 @@ def test_colocated_online_training_follows_offline_training(offline, colocated):
     assert plan["kv_cache_bytes"] == KV_BYTES and plan["weights_bytes"] > 0
 
 
-def test_trainer_stream_follows_offline_training(setup, offline):
-    """The draft's step on a CUDA stream of its own, beside the in-process engine's: the same
-    data order and losses as offline (a batch used before its copy finished would not be)."""
+def _follows_offline(setup, offline, run: str, record: str, **online_kw) -> None:
     from vllm_compat.eagle3.online import train_online
 
-    out = setup["dir"] / "colocated-stream"
-    assert train_online(_cfg(setup, out), _online(setup, trainer_stream=True)).step == TOTAL
+    out = setup["dir"] / run
+    assert train_online(_cfg(setup, out), _online(setup, **online_kw)).step == TOTAL
     assert _rows(out, "data_order.csv") == _rows(offline, "data_order.csv")
     a, b = _rows(out, "metrics.csv"), _rows(offline, "metrics.csv")
     worst = max(_rel(x["loss"], y["loss"]) for x, y in zip(a, b))
-    M.record("online_trainer_stream_vs_offline_loss", worst_rel=worst, steps=len(a))
+    M.record(record, worst_rel=worst, steps=len(a))
     assert len(a) == TOTAL and worst < 2e-2
+
+
+def test_trainer_stream_follows_offline_training(setup, offline):
+    """The draft's step on a CUDA stream of its own, beside the in-process engine's: the same
+    data order and losses as offline (a batch used before its copy finished would not be)."""
+    _follows_offline(setup, offline, "colocated-stream", "online_trainer_stream_vs_offline_loss",
+                     trainer_stream=True)
 
 
 def test_engine_process_on_the_training_gpu_follows_offline_training(setup, offline):
     """The engine in a process of its own on the trainer's GPU, behind the co-located memory
     plan: the same data order and losses as offline."""
-    from vllm_compat.eagle3.online import train_online
-
-    out = setup["dir"] / "colocated-process"
-    assert train_online(_cfg(setup, out), _online(setup, engine_process=True)).step == TOTAL
-    assert _rows(out, "data_order.csv") == _rows(offline, "data_order.csv")
-    a, b = _rows(out, "metrics.csv"), _rows(offline, "metrics.csv")
-    worst = max(_rel(x["loss"], y["loss"]) for x, y in zip(a, b))
-    M.record("online_engine_process_vs_offline_loss", worst_rel=worst, steps=len(a))
-    assert len(a) == TOTAL and worst < 2e-2
+    _follows_offline(setup, offline, "colocated-process", "online_engine_process_vs_offline_loss",
+                     engine_process=True)
 
 
 def test_no_states_under_the_output_directory(colocated):
