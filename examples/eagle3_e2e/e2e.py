@@ -414,7 +414,8 @@ def extract_budgeted(target: Path, records_dir: Path, output_dir: Path, aux: Seq
 def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | None, steps: int | None,
                 calib_steps: int = 40) -> dict[str, Any]:
     """``train.train`` on ``device`` for ``steps`` steps, or as many as fit in ``minutes`` (calibration
-    included, measured with three short runs); the cosine schedule spans the steps actually run."""
+    included, measured with three short runs, the first a warm-up); the cosine schedule spans the
+    steps actually run."""
     import torch
 
     from vllm_compat.eagle3 import training as T
@@ -437,14 +438,16 @@ def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | Non
     if steps is None:
         if minutes is None:
             raise ValueError("pass minutes or steps")
-        # Steady-state speed: runs of 1 (warm-up: CUDA context, kernels), 2 and 2 + calib steps;
-        # the step time is the difference of the last two, so set-up costs cancel out. The
-        # budget counts from the start, reading the samples included.
+        # Steady-state speed: runs of 2 + calib (warm-up), 2 and 2 + calib steps; the step time
+        # is the difference of the last two, so set-up costs cancel out, and the timed steps
+        # have all run once before, so no first-time cost of theirs counts as speed (with a
+        # 1-step warm-up a Kimi-shaped run estimated 0.65 s a step against the 0.35 s the real
+        # run took). The budget counts from the start, reading the samples included.
         calib = max(1, min(calib_steps, per_epoch - 2))
         out = Path(cfg_kwargs["output_dir"])
         scratch = out.parent / (out.name + "_calibrate")
-        times = []
-        for n_steps in (1, 2, 2 + calib):
+        times, runs = [], (2 + calib, 2, 2 + calib)
+        for n_steps in runs:
             shutil.rmtree(scratch, ignore_errors=True)
             t0 = time.perf_counter()
             _run_train(T, T.TrainConfig(**{**cfg_kwargs, "output_dir": str(scratch), "max_steps": n_steps,
@@ -460,7 +463,8 @@ def train_draft(cfg_kwargs: dict[str, Any], device: Any, *, minutes: float | Non
             print(f"[train] warning: --draft-minutes {minutes:g} leaves {steps} step(s) after "
                   f"{calib_s:.0f} s of calibration ({per_step:.3f} s/step); pass --draft-steps "
                   "or a larger --draft-minutes for a draft worth evaluating", file=sys.stderr, flush=True)
-        info.update(calibration_runs_s=[round(t, 2) for t in times], calibration_s=round(calib_s, 2),
+        info.update(calibration_runs_s=[round(t, 2) for t in times], calibration_run_steps=list(runs),
+                    calibration_s=round(calib_s, 2),
                     step_s_estimate=round(per_step, 4), setup_s_estimate=round(setup, 2))
     epochs = max(1, math.ceil(steps / per_epoch))
     # the cosine spans the steps run: with the epochs' length it stopped part-way down (a

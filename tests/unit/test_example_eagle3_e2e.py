@@ -201,6 +201,9 @@ def test_pipeline_phase_on_cpu_through_export_and_validate(fake_stdlib, tmp_path
     assert all(isinstance(s["wall_s"], float) for s in steps)
     tr = next(s for s in steps if s["step"] == "train_draft")["result"]
     assert len(tr["calibration_runs_s"]) == 3 and tr["steps"] >= 1 and tr["device"] == "cpu"
+    # the timed steps ran once before they were timed (a warm-up of the same steps)
+    first, short, timed = tr["calibration_run_steps"]
+    assert first == timed > short == 2
     val = next(s for s in steps if s["step"] == "validate")["result"]
     assert val["ok"] and val["problems"] == []
     cfg = json.loads((work / "llama" / "draft" / "config.json").read_text())
