@@ -98,6 +98,14 @@ def parse_modes(text: str) -> list[str]:
     return [m for m in known if m in modes]
 
 
+def parse_disk_dtypes(text: str) -> tuple[str, ...]:
+    got = tuple(d.strip() for d in text.split(",") if d.strip())
+    bad = [d for d in got if d not in ("bf16", "fp8")]
+    if bad or not got:
+        raise argparse.ArgumentTypeError(f"--disk-dtypes: {text!r}; choose from bf16,fp8")
+    return got
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, choices=sorted(gpu_models.SPECS))
@@ -134,6 +142,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "long runs of a wide target outgrow host memory otherwise")
     ap.add_argument("--hf-batch-tokens", type=int, default=16384, help="(d) padded tokens/batch")
     ap.add_argument("--samples-per-shard", type=int, default=16)
+    # fp8 alone: long FP8 runs fit a time budget that bf16 runs beside them would overrun
+    ap.add_argument("--disk-dtypes", type=parse_disk_dtypes, default=("bf16", "fp8"),
+                    help="(c) writes these, comma-separated: bf16, fp8")
     ap.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS)
     ap.add_argument("--drain-timeout-s", type=float, default=300.0)
     ap.add_argument("--merge", action="store_true",
@@ -579,7 +590,7 @@ class Bench:
             "settings": {k: getattr(a, k) for k in (
                 "enforce_eager", "time_budget_s", "device", "warmup_prompts", "repeats",
                 "max_model_len", "gpu_memory_utilization", "max_in_flight", "hf_batch_tokens",
-                "samples_per_shard", "peak_tflops")},
+                "samples_per_shard", "peak_tflops", "disk_dtypes")},
             "targets": TARGETS, "descriptions": DESCRIPTION, "modes": {}, "complete": False,
         }
         if a.merge and self.json_path.is_file():
@@ -887,10 +898,12 @@ class Bench:
             return run
 
         if mode == "c":
-            self.measure(mode, {"c_bf16": extract_to_disk("c_bf16", False, False),
-                                "disk_bf16": plain_write("bf16"),
-                                "c_fp8": extract_to_disk("c_fp8", True, True),
-                                "disk_fp8": plain_write("fp8")})
+            series: dict[str, Callable[[list[list[int]]], dict[str, Any]]] = {}
+            if "bf16" in a.disk_dtypes:
+                series.update(c_bf16=extract_to_disk("c_bf16", False, False), disk_bf16=plain_write("bf16"))
+            if "fp8" in a.disk_dtypes:
+                series.update(c_fp8=extract_to_disk("c_fp8", True, True), disk_fp8=plain_write("fp8"))
+            self.measure(mode, series)
         else:
             self.measure(mode, {"c_fp8_cpu": extract_to_disk("c_fp8_cpu", True, False)})
 

@@ -67,6 +67,14 @@ def test_modes_are_parsed_and_checked(capsys):
     capsys.readouterr()
 
 
+def test_disk_dtypes_are_parsed_and_checked(capsys):
+    assert ge.parse_args(["--model", "llama-1b"]).disk_dtypes == ("bf16", "fp8")
+    assert ge.parse_args(["--model", "llama-1b", "--disk-dtypes", "fp8"]).disk_dtypes == ("fp8",)
+    for bad in ("fp16", "", "bf16,int8"):
+        with pytest.raises(SystemExit):
+            ge.parse_args(["--model", "llama-1b", "--disk-dtypes", bad])
+
+
 def test_workloads_are_seeded_and_in_range():
     w = ge.make_workloads(128, 1024, 128, 64, 2048, vocab=32000, seed=0)
     assert w == ge.make_workloads(128, 1024, 128, 64, 2048, vocab=32000, seed=0)
