@@ -53,7 +53,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from vllm_compat.cli_args import non_negative_float
+from vllm_compat.cli_args import non_negative_float, unit_interval
 
 MODELS = ("llama", "deepseek", "kimi")
 JSONL = "e2e.jsonl"
@@ -329,10 +329,10 @@ def self_distill_prompts(prepared: Sequence[dict[str, Any]], n: int, prompt_len:
 
 
 def self_distill(target: Path, prepared: list[dict[str, Any]], n: int, prompt_len: int, max_tokens: int,
-                 engine: dict[str, Any], seed: int = 0, temperature: float = 0.0
+                 engine: dict[str, Any], seed: int = 0, temperature: float = 0.0, top_p: float = 1.0
                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The target's continuations (greedy, or sampled at ``temperature`` with seed ``seed + i``
-    for prompt i) of ``n`` training prompts (the first ``prompt_len`` tokens of prepared
+    """The target's continuations (greedy, or sampled at ``temperature`` within the ``top_p``
+    nucleus with seed ``seed + i`` for prompt i) of ``n`` training prompts (the first ``prompt_len`` tokens of prepared
     records) as training records; the loss mask is on every token but the first."""
     from vllm_compat.runtime import llm as serve
 
@@ -341,7 +341,8 @@ def self_distill(target: Path, prepared: list[dict[str, Any]], n: int, prompt_le
     llm = serve.open_llm(str(target), log_stats=False, **engine)
     start_s = time.perf_counter() - t0
     try:
-        sample = dict(temperature=temperature, seeds=[seed + i for i in range(len(prompts))]) if temperature > 0 else {}
+        sample = dict(temperature=temperature, top_p=top_p,
+                      seeds=[seed + i for i in range(len(prompts))]) if temperature > 0 else {}
         outs, gen_s = serve.timed_generate(llm, prompts, max_tokens=max_tokens, **sample)
     finally:
         serve.close_llm(llm)
@@ -357,11 +358,12 @@ def self_distill(target: Path, prepared: list[dict[str, Any]], n: int, prompt_le
 
 
 def self_distill_step(target: Path, prepared_file: Path, out_file: Path, n: int, prompt_len: int,
-                      max_tokens: int, engine: dict[str, Any], seed: int = 0, temperature: float = 0.0) -> dict[str, Any]:
+                      max_tokens: int, engine: dict[str, Any], seed: int = 0, temperature: float = 0.0,
+                      top_p: float = 1.0) -> dict[str, Any]:
     """:func:`self_distill` from and to prepared-record files: what the pipeline runs in a
     process of its own (its engine's teardown then cannot affect a later engine)."""
     rows, info = self_distill(target, read_prepared(prepared_file), n, prompt_len, max_tokens, engine, seed,
-                              temperature)
+                              temperature, top_p)
     write_prepared(out_file, rows)
     return info
 
@@ -618,7 +620,8 @@ def phase_pipeline(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
             # each engine step runs in its own process: one engine's teardown must not reach the next
             r.update(run_isolated(self_distill_step, args=(
                 target, mdir / "prep" / PREPARED, mdir / "sd" / PREPARED, n_sd, a.sd_prompt_len,
-                a.sd_max_tokens, _engine(a, enforce_eager=True), a.seed, a.sd_temperature), name="self-distillation"))
+                a.sd_max_tokens, _engine(a, enforce_eager=True), a.seed, a.sd_temperature, a.sd_top_p),
+                name="self-distillation"))
             sd_rows = read_prepared(mdir / "sd" / PREPARED)
     with rec.step("merge") as r:
         merged = rows + sd_rows
@@ -714,7 +717,7 @@ def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
             enforce_eager=a.enforce_eager, gpu_memory_utilization=a.gpu_memory_utilization,
             max_model_len=a.eval_max_model_len, engine_kwargs=json.loads(a.engine_kwargs) if a.engine_kwargs else {},
             budget_s=a.eval_budget_s, label=f"EAGLE-3 on {a.model} target",
-            trust_remote_code=a.model == "kimi", temperature=a.temperature, seed=a.seed,
+            trust_remote_code=a.model == "kimi", temperature=a.temperature, seed=a.seed, top_p=a.top_p,
         )
         res = evaluate(cfg, log=log, raise_on_error=False)
         r.update(status=res["status"], failed=res["failed"], skipped=res["skipped"], wall_s=res.get("wall_s"),
@@ -796,6 +799,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sd-max-tokens", type=int, default=448)
     g.add_argument("--sd-temperature", type=non_negative_float, default=0.0,
                    help="0: greedy continuations; above 0: sampled (seed --seed + i for prompt i)")
+    g.add_argument("--sd-top-p", type=unit_interval, default=1.0, help="sampled continuations: the nucleus")
     g.add_argument("--extract-backend", choices=("vllm", "transformers"), default="vllm")
     g.add_argument("--extract-dtype", choices=("bfloat16", "float32", "float8_e4m3fn"), default="bfloat16",
                    help="float8_e4m3fn: FP8 states with a scale per token and layer (half the bytes)")
@@ -841,6 +845,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / torch.compile in evaluate")
     g.add_argument("--temperature", type=non_negative_float, default=0.0,
                    help="evaluate: 0 greedy; above 0 sampled, prompt i with seed --seed + i in every configuration")
+    g.add_argument("--top-p", type=unit_interval, default=1.0,
+                   help="evaluate, sampled: the nucleus (Kimi-K2.5 is served at temperature 1.0, top_p 0.95)")
     g.add_argument("--eval-max-model-len", type=int, default=1024)
     g.add_argument("--eval-budget-s", type=float, help="skip configurations that would not fit in this many seconds")
     return p

@@ -118,6 +118,14 @@ def positive_float(value: str) -> float:
     return x
 
 
+def unit_interval(value: str) -> float:
+    """A probability mass such as top_p: above 0, at most 1."""
+    x = _number(value, float, "a number")
+    if not 0 < x <= 1:
+        raise _bad(f"{value} must be above 0 and at most 1")
+    return x
+
+
 def target_num_layers(target: str | None) -> int | None:
     """``num_hidden_layers`` of a target directory, None when its config cannot be read."""
     if not target:

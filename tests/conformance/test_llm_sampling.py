@@ -22,7 +22,17 @@ def test_sampled_prompts_get_their_own_seed():
     keep = _KeepsParams()
     assert serve.generate(keep, [[1, 2], [3]], max_tokens=4, temperature=0.7, seeds=[10, 11]) == [[7, 8], [7, 8]]
     assert [p.seed for p in keep.params] == [10, 11]
-    assert all((p.temperature, p.max_tokens, p.ignore_eos) == (0.7, 4, True) for p in keep.params)
+    assert all((p.temperature, p.max_tokens, p.ignore_eos, p.top_p) == (0.7, 4, True, 1.0) for p in keep.params)
+
+
+def test_sampled_prompts_keep_the_nucleus_asked_for():
+    from vllm_compat.runtime import llm as serve
+
+    keep = _KeepsParams()
+    serve.generate(keep, [[1, 2], [3]], max_tokens=4, temperature=1.0, seeds=[1, 2], top_p=0.95)
+    assert [(p.top_p, p.seed) for p in keep.params] == [(0.95, 1), (0.95, 2)]
+    with pytest.raises(ValueError, match="top_p"):
+        serve.generate(keep, [[1]], max_tokens=4, temperature=1.0, seeds=[1], top_p=0.0)
 
 
 def test_greedy_has_one_unseeded_parameter_set():

@@ -71,7 +71,8 @@ def cell(job: dict) -> dict:
     spec = job["speculative_config"]
     name = "baseline" if spec is None else f"{spec['method']}-k{spec['num_speculative_tokens']}"
     with open(engine["log"], "a") as f:
-        f.write(json.dumps({"name": name, "pid": os.getpid()}) + "\n")
+        f.write(json.dumps({"name": name, "pid": os.getpid(),
+                            "sampling": {k: job.get(k) for k in ("temperature", "seed", "top_p")}}) + "\n")
     if name == engine.get("fail"):
         raise ValueError(f"num_speculative_tokens={spec['num_speculative_tokens']} is not possible")
     if name == engine.get("crash"):

@@ -210,7 +210,20 @@ def test_each_prompt_keeps_its_seed_at_batch_1_and_batched():
     E._run(serve, None, [[1], [2], [3]], 2, batched=False, temperature=0.5, seed=7)
     E._run(serve, None, [[1], [2], [3]], 2, batched=True, temperature=0.5, seed=7)
     E._run(serve, None, [[1], [2]], 2, batched=True)
-    assert serve.calls == [(1, {"temperature": 0.5, "seeds": [7]}), (1, {"temperature": 0.5, "seeds": [8]}),
-                           (1, {"temperature": 0.5, "seeds": [9]}), (3, {"temperature": 0.5, "seeds": [7, 8, 9]}),
-                           (2, {})]
+    E._run(serve, None, [[1]], 2, batched=True, temperature=1.0, seed=3, top_p=0.95)
+    t = {"temperature": 0.5, "top_p": 1.0}
+    assert serve.calls == [(1, dict(t, seeds=[7])), (1, dict(t, seeds=[8])), (1, dict(t, seeds=[9])),
+                           (3, dict(t, seeds=[7, 8, 9])), (2, {}),
+                           (1, {"temperature": 1.0, "top_p": 0.95, "seeds": [3]})]
+
+
+def test_a_sampled_evaluation_passes_its_nucleus_to_every_cell_and_names_it(files, tmp_path):
+    out = tmp_path / "eval"
+    cfg = config(files, out)
+    cfg.temperature, cfg.top_p = 1.0, 0.95
+    res = E.evaluate(cfg, cell_fn=H.cell, log=lambda m: None)
+    cells = cells_run(out)
+    assert len(cells) == len(res["configs"]) > 1
+    assert all(c["sampling"] == {"temperature": 1.0, "seed": 0, "top_p": 0.95} for c in cells), cells
+    assert "sampled at temperature 1, top_p 0.95, seed 0 + prompt index" in (out / E.RESULT_MD).read_text()
 

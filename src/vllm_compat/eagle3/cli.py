@@ -29,6 +29,7 @@ from ..cli_args import (
     positive_int,
     require_any,
     tokenizer_dir,
+    unit_interval,
 )
 from ..cli_errors import ContractParser, UsageError, print_commands, run_command
 from ..cli_output import describe_progress, partial_output
@@ -264,7 +265,7 @@ def _evaluate_into(a: argparse.Namespace, output_dir: str) -> int:
         gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
         engine_kwargs=a.engine_kwargs or {}, budget_s=a.budget_s,
         baseline=not a.no_baseline, trust_remote_code=a.trust_remote_code,
-        temperature=a.temperature, seed=a.seed,
+        temperature=a.temperature, seed=a.seed, top_p=a.top_p,
     )
     res = evaluate(cfg, raise_on_error=False)
     print(json.dumps(res["summary"]["eagle3_vs_ngram"], indent=1))
@@ -406,6 +407,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--temperature", type=non_negative_float, default=0.0,
                    help="0: greedy; above 0: sampled, prompt i with seed --seed + i in every configuration")
     s.add_argument("--seed", type=non_negative_int, default=0)
+    s.add_argument("--top-p", type=unit_interval, default=1.0,
+                   help="sampled runs: keep the smallest set of tokens whose probability reaches this (Kimi-K2.5: 0.95)")
     s.add_argument("--trust-remote-code", action="store_true",
                    help="run the tokenizer / processor code the target ships (Kimi-K2.5), here and in vLLM")
     s.set_defaults(func=_evaluate)

@@ -235,6 +235,8 @@ class EvalConfig:
     # not compared with the baseline's
     temperature: float = 0.0
     seed: int = 0
+    # sampled runs only: the nucleus (Kimi-K2.5 is served at temperature 1.0, top_p 0.95)
+    top_p: float = 1.0
 
 
 def planned_configs(cfg: EvalConfig) -> list[dict[str, Any]]:
@@ -264,9 +266,9 @@ def _tail(text: str, n: int = 4000) -> str:
 
 
 def _run(serve: Any, llm: Any, prompts: list[list[int]], max_tokens: int, batched: bool,
-         temperature: float = 0.0, seed: int = 0) -> tuple[dict[str, Any], list[list[int]]]:
+         temperature: float = 0.0, seed: int = 0, top_p: float = 1.0) -> tuple[dict[str, Any], list[list[int]]]:
     def sampling(seeds: list[int]) -> dict[str, Any]:  # prompt i keeps seed + i at any batch size
-        return {"temperature": temperature, "seeds": seeds} if temperature > 0 else {}
+        return {"temperature": temperature, "seeds": seeds, "top_p": top_p} if temperature > 0 else {}
 
     before = spec_counters(serve.metrics(llm))
     if batched:
@@ -304,7 +306,8 @@ def run_cell(job: dict[str, Any]) -> dict[str, Any]:
             serve.generate(llm, job["warmup"], max_tokens=job["warmup_tokens"])
         for run_name, ps in job["runs"].items():
             run, outs = _run(serve, llm, ps, job["max_tokens"], batched=run_name != "batch1",
-                             temperature=job.get("temperature", 0.0), seed=job.get("seed", 0))
+                             temperature=job.get("temperature", 0.0), seed=job.get("seed", 0),
+                             top_p=job.get("top_p", 1.0))
             out["runs"][run_name] = run
             out["outputs"][run_name] = outs
         return out
@@ -359,7 +362,7 @@ def evaluate(cfg: EvalConfig, *, log: Any = print, raise_on_error: bool = True,
         t0 = time.perf_counter()
         job = {"target": target, "speculative_config": plan["speculative_config"], "engine": engine,
                "warmup": prompts[:2], "warmup_tokens": cfg.warmup_tokens, "max_tokens": cfg.max_tokens,
-               "runs": runs, "temperature": cfg.temperature, "seed": cfg.seed}
+               "runs": runs, "temperature": cfg.temperature, "seed": cfg.seed, "top_p": cfg.top_p}
         try:
             cell = run_isolated(cell_fn, args=(job,), name=f"evaluate {plan['name']}")
             _record_cell(entry, cell, plan, baseline_outputs, log, compare=cfg.temperature == 0)
@@ -504,8 +507,12 @@ def _gt(a: float | None, b: float | None) -> bool | None:
 
 
 def _decoding(result: dict[str, Any]) -> str:
-    t = (result.get("config") or {}).get("temperature") or 0.0
-    return f"sampled at temperature {t:g}, seed {result['config'].get('seed', 0)} + prompt index" if t > 0 else "greedy"
+    c = result.get("config") or {}
+    t, top_p = c.get("temperature") or 0.0, c.get("top_p", 1.0)
+    if t <= 0:
+        return "greedy"
+    nucleus = f", top_p {top_p:g}" if top_p < 1.0 else ""
+    return f"sampled at temperature {t:g}{nucleus}, seed {c.get('seed', 0)} + prompt index"
 
 
 def _fmt(x: Any, nd: int = 2) -> str:

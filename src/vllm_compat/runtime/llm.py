@@ -67,15 +67,19 @@ def generate(
     ignore_eos: bool = True,
     temperature: float = 0.0,
     seeds: Sequence[int] | None = None,
+    top_p: float = 1.0,
 ) -> list[list[int]]:
     """Continuations (token ids) of token-id prompts, in input order: greedy, or sampled at
-    ``temperature`` with one seed per prompt (``seeds``), so a run can be repeated."""
+    ``temperature`` (within the ``top_p`` nucleus) with one seed per prompt (``seeds``), so a
+    run can be repeated."""
     if temperature > 0 and (seeds is None or len(seeds) != len(prompts)):
         raise ValueError("sampling needs one seed per prompt")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
     def params(seed: int | None) -> Any:
         return sym("SamplingParams")(max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos,
-                                     detokenize=False, seed=seed)
+                                     detokenize=False, seed=seed, top_p=top_p if temperature > 0 else 1.0)
 
     sp = [params(s) for s in seeds] if temperature > 0 and seeds is not None else params(None)
     tokens_prompt = sym("TokensPrompt")
@@ -85,12 +89,13 @@ def generate(
 
 def timed_generate(llm: LLM, prompts: Sequence[Sequence[int]], *, max_tokens: int,
                    ignore_eos: bool = True, temperature: float = 0.0,
-                   seeds: Sequence[int] | None = None) -> tuple[list[list[int]], float]:
+                   seeds: Sequence[int] | None = None, top_p: float = 1.0) -> tuple[list[list[int]], float]:
     """:func:`generate` and its wall time. ``generate`` returns once the outputs are on the host,
     so no device synchronisation is needed (and none is done: touching CUDA in this process
     would force vLLM to spawn rather than fork its engine processes)."""
     t0 = time.perf_counter()
-    out = generate(llm, prompts, max_tokens=max_tokens, ignore_eos=ignore_eos, temperature=temperature, seeds=seeds)
+    out = generate(llm, prompts, max_tokens=max_tokens, ignore_eos=ignore_eos, temperature=temperature, seeds=seeds,
+                   top_p=top_p)
     return out, time.perf_counter() - t0
 
 
