@@ -55,6 +55,8 @@ def build(name: str, out: str | os.PathLike[str], *, device: str = "cuda", seed:
     out = Path(out)
     spec = SPECS[name]
     want = {"name": name, "spec": SHAPES.get(spec.get("shape", ""), spec), "seed": seed}
+    if "kimi_k25" in spec:  # its weights are drawn on `device`: another device, other weights
+        want["device"] = device
     marker = out / SPEC_FILE
     if not force and marker.is_file():
         have = json.loads(marker.read_text())
@@ -64,7 +66,7 @@ def build(name: str, out: str | os.PathLike[str], *, device: str = "cuda", seed:
     if "kimi_k25" in spec:
         from vllm_compat.testing.kimi_k25 import write_kimi_k25_checkpoint
 
-        write_kimi_k25_checkpoint(out, seed=seed, image_processor=True, **spec["kimi_k25"])
+        write_kimi_k25_checkpoint(out, seed=seed, image_processor=True, device=device, **spec["kimi_k25"])
     else:
         build_model(spec["shape"], out, seed=seed, device=device)
     info = dict(want, params=count_params(out)["total"], build_s=round(time.perf_counter() - t0, 2),

@@ -90,6 +90,7 @@ def random_tensors(shapes: Mapping[str, tuple[int, ...]], gen: torch.Generator, 
     routing biases ~ U(-0.05, 0.05) (non-trivial, as in real checkpoints), the LM head x10
     so a random model's logits are not near-uniform."""
     out = {}
+    dev = gen.device  # a CUDA generator draws on the GPU (the same seed gives other values)
     for name in sorted(shapes):
         dims = shapes[name]
         if re.search(r"(norm\d?|layernorm|pre_norm)\.weight$", name):
@@ -97,10 +98,10 @@ def random_tensors(shapes: Mapping[str, tuple[int, ...]], gen: torch.Generator, 
         elif re.search(r"(norm\d?|layernorm|pre_norm)\.bias$", name):
             t = torch.zeros(dims, dtype=dtype)
         elif name.endswith("e_score_correction_bias"):
-            t = torch.rand(dims, generator=gen) * 0.1 - 0.05  # fp32 in the checkpoint
+            t = (torch.rand(dims, generator=gen, device=dev) * 0.1 - 0.05).cpu()  # fp32 in the checkpoint
         else:
-            t = torch.randn(dims, generator=gen, dtype=dtype)
-            t.mul_(std * 10 if name == "lm_head.weight" else std)
+            t = torch.randn(dims, generator=gen, dtype=dtype, device=dev)
+            t = t.mul_(std * 10 if name == "lm_head.weight" else std).cpu()
         out[name] = t
     return out
 
