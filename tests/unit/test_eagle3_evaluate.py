@@ -227,3 +227,13 @@ def test_a_sampled_evaluation_passes_its_nucleus_to_every_cell_and_names_it(file
     assert all(c["sampling"] == {"temperature": 1.0, "seed": 0, "top_p": 0.95} for c in cells), cells
     assert "sampled at temperature 1, top_p 0.95, seed 0 + prompt index" in (out / E.RESULT_MD).read_text()
 
+
+
+def test_a_nucleus_without_sampling_is_refused_in_one_line(files, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(E, "run_cell", H.cell)
+    monkeypatch.setattr(cli, "vllm_can_run", lambda: (True, ""))
+    assert cli.main([*_cli_args(files, tmp_path / "greedy"), "--top-p", "0.95"]) == 2
+    err = capsys.readouterr().err
+    assert "--top-p 0.95 only applies to sampled runs" in err and "Traceback" not in err
+    assert not (tmp_path / "greedy-cells.jsonl").exists()  # refused before any engine
+    assert cli.main([*_cli_args(files, tmp_path / "sampled"), "--top-p", "0.95", "--temperature", "1"]) == 0

@@ -246,6 +246,9 @@ def _validate(a: argparse.Namespace) -> int:
 
 
 def _evaluate(a: argparse.Namespace) -> int:
+    if a.top_p < 1.0 and a.temperature == 0:  # greedy decoding has no nucleus to narrow
+        raise UsageError(f"--top-p {a.top_p:g} only applies to sampled runs",
+                         "add --temperature T (above 0), or drop --top-p")
     ok, why = vllm_can_run()
     if not ok:
         raise UsageError(f"evaluate serves the target with vLLM, and {why}",
