@@ -857,8 +857,19 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(f"terminated by signal {signum} (a timeout?)")
 
 
+def _refuse_unused_nucleus(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    # greedy decoding has no nucleus to narrow: a --top-p that would be ignored is a usage error
+    for top_p, temperature in (("top_p", "temperature"), ("sd_top_p", "sd_temperature")):
+        if getattr(a, top_p) < 1.0 and getattr(a, temperature) == 0:
+            flag, tflag = "--" + top_p.replace("_", "-"), "--" + temperature.replace("_", "-")
+            p.error(f"{flag} {getattr(a, top_p):g} only applies to sampled runs: add {tflag} T (above 0), "
+                    f"or drop {flag}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    p = build_parser()
+    a = p.parse_args(argv)
+    _refuse_unused_nucleus(p, a)
     import signal
     import threading
 

@@ -306,6 +306,29 @@ def test_pipeline_reports_a_failed_target_phase(tmp_path):
     assert steps[0]["step"] == "wait_target" and steps[0]["status"] == "error" and "boom" in steps[0]["error"]
 
 
+@pytest.mark.parametrize("flags", [["--top-p", "0.95"], ["--sd-top-p", "0.9", "--temperature", "1"]])
+def test_a_nucleus_on_a_greedy_run_is_refused_before_any_phase_starts(flags, tmp_path, capsys):
+    from examples.eagle3_e2e import e2e
+
+    work = tmp_path / "w"
+    with pytest.raises(SystemExit) as exc:
+        e2e.main(["evaluate", "--work", str(work), *flags])
+    assert exc.value.code == 2
+    flag = flags[0]
+    assert f"{flag} {flags[1]} only applies to sampled runs" in capsys.readouterr().err
+    assert not work.exists()  # refused before a Recorder wrote anything
+
+
+def test_a_nucleus_with_its_temperature_is_accepted():
+    from examples.eagle3_e2e import e2e
+
+    p = e2e.build_parser()
+    a = p.parse_args(["evaluate", "--work", "w", "--temperature", "1", "--top-p", "0.95",
+                      "--sd-temperature", "0.7", "--sd-top-p", "0.9"])
+    e2e._refuse_unused_nucleus(p, a)  # no SystemExit
+    assert (a.top_p, a.sd_top_p) == (0.95, 0.9)
+
+
 def test_pipeline_fails_fast_when_the_target_process_died(tmp_path):
     import subprocess
     import sys
