@@ -135,6 +135,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    ap.add_argument("--kv-cache-memory-bytes", type=int,
+                    help="a fixed KV cache for every engine (vLLM then skips its memory profiling, "
+                         "which counts other processes on the GPU as its own)")
     ap.add_argument("--max-in-flight", type=int, default=128, help="HiddenStatesExtractor window")
     ap.add_argument("--keep-states", choices=("all", "first"), default="all",
                     help="(b) hold every sample's states in host memory, or only prompt 0's "
@@ -394,6 +397,8 @@ def make_llm(ckpt: str, args: argparse.Namespace, **extra: Any) -> tuple[Any, fl
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
     if read_target(ckpt).is_multimodal_wrapper:  # Kimi-K2.5: text only, as the extractor runs it
         kw["language_model_only"] = True
+    if args.kv_cache_memory_bytes is not None:
+        kw["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
     kw.update(extra)
     t0 = time.perf_counter()
     llm = LLM(**kw)
@@ -589,7 +594,7 @@ class Bench:
                                "seed": a.seed} for wl, p in self.workloads.items()},
             "settings": {k: getattr(a, k) for k in (
                 "enforce_eager", "time_budget_s", "device", "warmup_prompts", "repeats",
-                "max_model_len", "gpu_memory_utilization", "max_in_flight", "hf_batch_tokens",
+                "max_model_len", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_in_flight", "hf_batch_tokens",
                 "samples_per_shard", "peak_tflops", "disk_dtypes")},
             "targets": TARGETS, "descriptions": DESCRIPTION, "modes": {}, "complete": False,
         }
@@ -770,7 +775,8 @@ class Bench:
             self.extractor = HiddenStatesExtractor(
                 self.ckpt, layer_ids=self.layer_ids, max_model_len=a.max_model_len,
                 gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=a.enforce_eager,
-                max_in_flight=a.max_in_flight, dtype="bfloat16")
+                max_in_flight=a.max_in_flight, dtype="bfloat16",
+                **({} if a.kv_cache_memory_bytes is None else {"kv_cache_memory_bytes": a.kv_cache_memory_bytes}))
             self.extractor_startup = round(time.perf_counter() - t0, 1)
             self.extractor_info = dict(self.extractor.info, engine=engine_info(self.extractor.llm))
         return self.extractor
