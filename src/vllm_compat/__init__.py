@@ -1,4 +1,4 @@
-"""vllm_compat: one stable API over vLLM's internals, 0.10.2 through 0.33.x.
+"""vllm_compat: one stable API over vLLM's internals, 0.10.2 through 0.34.x.
 
 ``import vllm_compat`` never imports vLLM; the adapter for the installed release is
 loaded on first use (see :func:`detect`).

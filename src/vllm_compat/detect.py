@@ -66,7 +66,8 @@ def installed_vllm_version() -> str:
     except importlib.metadata.PackageNotFoundError:
         raise VllmNotInstalledError(
             "vLLM is not installed in this environment: `pip install vllm` "
-            f"(vllm_compat supports {versions.OLDEST_SUPPORTED} to {versions.NEWEST_TESTED}.x)"
+            f"(vllm_compat supports {versions.OLDEST_SUPPORTED} to "
+            f"{versions.NEWEST_TESTED.major}.{versions.NEWEST_TESTED.minor}.x)"
         ) from None
 
 

@@ -90,7 +90,7 @@ def engine_core_of(target: Any) -> tuple[Any, Any]:
     if _is_scheduler(target):
         return _owning_engine_core(target), target
     # LLM -> llm_engine (LLMEngine) -> engine_core (an EngineCoreClient); the in-process
-    # client (InprocClient) keeps the EngineCore as .engine_core (0.10.2 through 0.33.0).
+    # client (InprocClient) keeps the EngineCore as .engine_core (0.10.2 through 0.34.0).
     engine = getattr(target, "llm_engine", target)
     client = getattr(engine, "engine_core", None)
     if client is None:

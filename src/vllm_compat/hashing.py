@@ -162,7 +162,7 @@ def block_hasher_for(target: Any) -> BlockHasher:
     do); then the scheduler is treated as a standalone one.
 
     - An engine with a hasher (prefix caching on): that very hasher
-      (``EngineCore.request_block_hasher``, kept by every release 0.10.2-0.33), wrapped as a
+      (``EngineCore.request_block_hasher``, kept by every release 0.10.2-0.34), wrapped as a
       :class:`BlockHasher` with ``source == "engine"``.
     - Otherwise ours, for the engine's hash block size and algorithm, after checking it once
       per process against the hasher an EngineCore of this vLLM builds, on chat-like probe

@@ -216,7 +216,7 @@ def make_request(
     - ``block_hasher``: by default a hasher for ``block_size`` / ``hash_algo`` is attached
       (vLLM's own, ``init_none_hash`` done). Pass a hasher (e.g. ``block_hasher_for(scheduler)``)
       to match an engine, or ``None`` to opt out: then, with prefix caching on, vLLM
-      0.10-0.32 crash in ``schedule()`` and 0.33 silently never caches the request.
+      0.10-0.32 crash in ``schedule()`` and 0.33-0.34 silently never cache the request.
     - ``extra`` keywords go to ``Request`` unchanged; one this release lacks is an error.
     """
     if validate:

@@ -262,9 +262,9 @@ SYMBOLS: tuple[Symbol, ...] = (
     # ------------------------------------------------------------------ model step
     Symbol("ModelRunnerOutput", "model-step", (_loc("vllm.v1.outputs", "ModelRunnerOutput"),),
            kind="class", search=("vllm.v1",),
-           passes=("req_ids", "req_id_to_index", "sampled_token_ids"),
-           # no defaults in 0.10-0.13
-           passes_if_accepted=("logprobs", "prompt_logprobs_dict", "pooler_output"),
+           passes=("req_ids", "sampled_token_ids"),
+           # no defaults in 0.10-0.13; req_id_to_index: gone in 0.34
+           passes_if_accepted=("req_id_to_index", "logprobs", "prompt_logprobs_dict", "pooler_output"),
            fields=("req_ids", "req_id_to_index", "sampled_token_ids", "logprobs",
                    "prompt_logprobs_dict", "pooler_output"),
            used_by="make_model_runner_output, update_from_output"),
@@ -310,12 +310,15 @@ SYMBOLS: tuple[Symbol, ...] = (
     Symbol("cleanup_dist_env_and_memory", "engine",
            (_loc("vllm.distributed.parallel_state", "cleanup_dist_env_and_memory"),),
            optional=True, used_by="runtime.llm.free_gpu_memory"),
-    # the process-wide CUDA-graph pool handle lives on the platform class (0.10.2-0.33)
+    # the process-wide CUDA-graph pool handle lives on the platform class (0.10.2-0.34)
     Symbol("current_platform", "engine", (_loc("vllm.platforms", "current_platform"),),
            kind="value", optional=True, used_by="runtime.llm.reset_cuda_graph_pool"),
     # ------------------------------------------------------------------ extraction (runtime/)
+    # 0.34 removed the V1 runner: Model Runner V2's class is the only GPUModelRunner
     Symbol("GPUModelRunner", "extraction", (_loc("vllm.v1.worker.gpu_model_runner",
-                                                 "GPUModelRunner"),),
+                                                 "GPUModelRunner", until="0.33.0"),
+                                            _loc("vllm.v1.worker.gpu.model_runner",
+                                                 "GPUModelRunner", since="0.34.0")),
            kind="class", search=("vllm.v1.worker",), used_by="aux capture (wraps load_model)"),
     _member("GPUModelRunner.load_model", "extraction", used_by="aux capture"),
     Symbol("ModelRegistry", "extraction", (_loc("vllm.model_executor.models.registry",

@@ -115,7 +115,8 @@ def era_for_version(version: Version | str) -> Era:
     if base < OLDEST_SUPPORTED:
         raise UnsupportedVllmVersionError(
             f"vLLM {_shown(version)} is older than vllm_compat supports: "
-            f"supported range is {OLDEST_SUPPORTED} to {NEWEST_TESTED}.x (newer runs with a warning); "
+            f"supported range is {OLDEST_SUPPORTED} to {NEWEST_TESTED.major}.{NEWEST_TESTED.minor}.x "
+            "(newer runs with a warning); "
             f"upgrade vLLM: pip install -U 'vllm>={OLDEST_SUPPORTED}'"
         )
     chosen = ERAS[0]

@@ -68,6 +68,16 @@ def _engine_core():
     return importlib.import_module("vllm.v1.engine.core")
 
 
+def _engine_reads_root_from(core, kcu, target) -> None:
+    """0.34's EngineCore reads ``kv_cache_utils.NONE_HASH`` through the module: vLLM's caller,
+    updated as vLLM would, reads it from where it moved (every other name as before)."""
+    if getattr(core, "kv_cache_utils", None) is not kcu:
+        return
+    view = types.ModuleType(kcu.__name__)
+    view.__getattr__ = lambda name: target.NONE_HASH if name == "NONE_HASH" else getattr(kcu, name)
+    core.kv_cache_utils = view
+
+
 def move_init_none_hash() -> str:
     from vllm.v1.core import kv_cache_utils as kcu
 
@@ -91,6 +101,7 @@ def move_init_none_hash() -> str:
     init_none_hash.__module__ = target.__name__
     target.init_none_hash = init_none_hash
     core.init_none_hash = init_none_hash  # vLLM's caller updated, as vLLM would do
+    _engine_reads_root_from(core, kcu, target)
     target.__annotations__["NONE_HASH"] = bytes  # declared there, set by init_none_hash
     del kcu.init_none_hash
     kcu.__annotations__.pop("NONE_HASH", None)
@@ -322,6 +333,7 @@ def split_block_hashing() -> None:
         setattr(core, name, state[name])
     kcu.__annotations__.pop("NONE_HASH", None)
     vars(kcu).pop("NONE_HASH", None)
+    _engine_reads_root_from(core, kcu, new)
     sys.modules[SPLIT_MODULE] = new
     importlib.import_module("vllm.v1.core").block_hashing = new
 

@@ -405,9 +405,12 @@ def model_runner_output(
     fields = {f.name: f for f in dataclasses.fields(model_runner_output_cls)}
     kw: dict[str, Any] = dict(
         req_ids=list(req_ids),
-        req_id_to_index={r: i for i, r in enumerate(req_ids)},
         sampled_token_ids=_sampled_token_ids(fields["sampled_token_ids"], sampled_token_ids),
     )
+    # 0.34 dropped req_id_to_index: its scheduler reads an output's requests by their place
+    # in req_ids (vllm#23481 stopped reading the map in update_from_output)
+    if "req_id_to_index" in fields:
+        kw["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
     # 0.10-0.13: logprobs / prompt_logprobs_dict / pooler_output had no defaults (0.14
     # gave every field but the request maps one).
     required = {

@@ -59,7 +59,7 @@ FORCE_TAP = "VLLM_COMPAT_FINAL_STATE_TAP"
 def _model_class(target: TargetInfo) -> type | None:
     try_load = sym("ModelRegistry._try_load_model_cls")
     for arch in target.architectures:
-        # _try_load_model_cls(arch) exists with this signature 0.10.2-0.33.0.
+        # _try_load_model_cls(arch) exists with this signature 0.10.2-0.34.0.
         cls = try_load(arch)
         if cls is not None:
             return cls

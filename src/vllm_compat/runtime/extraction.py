@@ -105,7 +105,7 @@ def engine_env(*, compiled: bool, aux_ids_for_workers: Sequence[int] = (),
     the ``LLM`` is built; ``run`` stays set until the engine is closed. Nothing stays set
     after that: every later engine of the process sees the caller's environment."""
     # vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING only while an engine is built (LLMEngine,
-    # EngineArgs, 0.10.2-0.33). Left set, it put every later LLM of the process in-process,
+    # EngineArgs, 0.10.2-0.34). Left set, it put every later LLM of the process in-process,
     # where engines built after a torn-down one failed (vLLM 0.26.0, H200).
     build = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     run: dict[str, str] = {}
@@ -437,7 +437,7 @@ class ExtractionEngine:
 
     def kv_blocks(self) -> tuple[int, int]:
         """``(free, total)`` KV-cache blocks of the scheduler's pool (same attributes
-        0.10.2-0.33.0). The null block is never free, so an idle pool shows total - 1."""
+        0.10.2-0.34.0). The null block is never free, so an idle pool shows total - 1."""
         pool = self.core.scheduler.kv_cache_manager.block_pool
         return int(pool.get_num_free_blocks()), int(pool.num_gpu_blocks)
 

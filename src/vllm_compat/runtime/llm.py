@@ -165,7 +165,7 @@ def unpin_compiled_model(model: Any) -> int:
 
 def reset_cuda_graph_pool() -> None:
     """Forget vLLM's process-wide CUDA-graph pool handle (``Platform._global_graph_pool``,
-    0.10.2-0.33: created once, kept on the platform class). Once the graphs of an engine that
+    0.10.2-0.34: created once, kept on the platform class). Once the graphs of an engine that
     captured into it are gone, PyTorch releases the pool; the next engine of the process would
     capture into the released pool and fail in the caching allocator (``use_count > 0
     INTERNAL ASSERT FAILED``). After this, the next engine gets a pool of its own."""

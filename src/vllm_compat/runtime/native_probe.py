@@ -34,7 +34,7 @@ from ..target import TargetInfo
 __all__ = ["NativeCheck", "native_path_check"]
 
 _KV_IFACE = "vllm.v1.kv_cache_interface"
-# Where this check finds vLLM's pieces (0.17.1-0.33.0); 0.33 moved the grouping function to
+# Where this check finds vLLM's pieces (0.17.1-0.34.0); 0.33 moved the grouping function to
 # kv_cache_planning. A build that has none of them makes the check answer "cannot tell".
 _WHERE = {
     "get_kv_cache_groups": ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_planning"),
