@@ -42,7 +42,7 @@ def _raises(exc_type, fn, *args, **kw) -> str:
 def test_too_old_version_is_refused_with_the_range_and_the_fix():
     msg = _raises(UnsupportedVllmVersionError, versions.route, "0.9.2", env={})
     assert msg == ("vLLM 0.9.2 is older than vllm_compat supports: supported range is 0.10.2 to "
-                   f"{NEWEST}.x (newer runs with a warning); upgrade vLLM: pip install -U 'vllm>=0.10.2'")
+                   f"{NEWEST.major}.{NEWEST.minor}.x (newer runs with a warning); upgrade vLLM: pip install -U 'vllm>=0.10.2'")
 
 
 def test_newer_than_tested_is_refused_under_strict():
@@ -92,7 +92,7 @@ def _detect_fails(exc_type) -> str:
 def test_detect_refuses_an_installed_vllm_that_is_too_old(installed_vllm):
     installed_vllm("0.9.2")
     assert _detect_fails(UnsupportedVllmVersionError) == (
-        f"vLLM 0.9.2 is older than vllm_compat supports: supported range is 0.10.2 to {NEWEST}.x "
+        f"vLLM 0.9.2 is older than vllm_compat supports: supported range is 0.10.2 to {NEWEST.major}.{NEWEST.minor}.x "
         "(newer runs with a warning); upgrade vLLM: pip install -U 'vllm>=0.10.2'")
     # the public helpers that need vLLM go through the same check
     with pytest.raises(UnsupportedVllmVersionError, match="older than vllm_compat supports"):
