@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.util
 import json
@@ -91,6 +92,11 @@ def _detail(report) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
         return f"{crash.path}:{crash.lineno}: {crash.message}"[:2000]
+    if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:  # a skip: (path, line, reason)
+        path, lineno, reason = report.longrepr
+        with contextlib.suppress(ValueError):  # published results name no host paths
+            path = os.path.relpath(path) if os.path.isabs(path) else path
+        return f"{path}:{lineno}: {reason}"[:2000]
     text = report.longreprtext.strip().splitlines()
     return (text[-1] if text else "")[:2000]
 
