@@ -66,7 +66,7 @@ def cell(job: dict) -> dict:
     """An evaluation cell (evaluate's ``cell_fn``) for CPU tests: the numbers a run would
     report, from the prompts; ``job["engine"]["fail"]`` names a configuration that raises
     (a config vLLM refuses) and ``job["engine"]["crash"]`` one whose process dies
-    (a CUDA abort). Every call is logged to ``job["engine"]["log"]`` with its pid."""
+    (a CUDA abort); ``job["engine"]["outputs"] = "loop"``: outputs that loop. Every call is logged to ``job["engine"]["log"]`` with its pid."""
     engine = job["engine"]
     spec = job["speculative_config"]
     name = "baseline" if spec is None else f"{spec['method']}-k{spec['num_speculative_tokens']}"
@@ -80,7 +80,10 @@ def cell(job: dict) -> dict:
     k = 0 if spec is None else spec["num_speculative_tokens"]
     runs, outputs = {}, {}
     for run_name, prompts in job["runs"].items():
-        outs = [[(t + 1) % 97 for t in p[: job["max_tokens"]]] for p in prompts]
+        if engine.get("outputs") == "loop":  # the prompt's last 3 tokens over and over, as small targets do
+            outs = [(p[-3:] * job["max_tokens"])[: job["max_tokens"]] for p in prompts]
+        else:
+            outs = [[(t + 1) % 97 for t in p[: job["max_tokens"]]] for p in prompts]
         gen = sum(map(len, outs))
         drafts = 10 * k
         accepted = 15 * k // 2
@@ -92,3 +95,9 @@ def cell(job: dict) -> dict:
                           "output_tok_s": float(gen * (1 + k)), "spec": spec_stats}
         outputs[run_name] = outs
     return {"engine_start_s": 0.1, "engine": spec, "runs": runs, "outputs": outputs}
+
+
+def certain_target(job: dict) -> list:
+    """Evaluate's ``ceiling_fn`` for CPU tests: a target that is certain of every token of each
+    sequence it is shown (top-1 logprob 0 at every position, None at the first)."""
+    return [[None] + [{t: 0.0} for t in seq[1:]] for seq in job["sequences"]]

@@ -237,3 +237,33 @@ def test_a_nucleus_without_sampling_is_refused_in_one_line(files, tmp_path, monk
     assert "--top-p 0.95 only applies to sampled runs" in err and "Traceback" not in err
     assert not (tmp_path / "greedy-cells.jsonl").exists()  # refused before any engine
     assert cli.main([*_cli_args(files, tmp_path / "sampled"), "--top-p", "0.95", "--temperature", "1"]) == 0
+
+
+def test_the_acceptance_ceiling_reads_the_targets_logprobs_at_the_output_positions(files, tmp_path):
+    from vllm_compat.eagle3.repetition import repetition_stats
+
+    out = tmp_path / "eval"
+    cfg = config(files, out, outputs="loop")
+    cfg.temperature, cfg.acceptance_ceiling = 1.0, True
+    res = E.evaluate(cfg, cell_fn=H.cell, ceiling_fn=H.certain_target, log=lambda m: None)
+    kept = json.loads((out / E.BASELINE_OUTPUTS).read_text())
+    assert set(res["acceptance_ceiling"]) == {"batch1", "batch4"}
+    for run, c in res["acceptance_ceiling"].items():
+        prompts, outs = kept["prompts"][run], kept["outputs"][run]
+        rep = repetition_stats(prompts, outs, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+        assert c["tokens"] == rep["tokens"] and rep["lookup_hit_fraction"] > 0, rep
+        assert c["top1_prob_mean"] == 1.0
+        # the target is certain of each output token, so a proposal is accepted exactly where
+        # the lookup is right: read at any other position, the rows would say otherwise
+        assert c["lookup_accept_prob"][0] == pytest.approx(rep["lookup_hit_fraction"] / rep["lookup_match_fraction"])
+    assert "What the target lets through" in (out / E.RESULT_MD).read_text()
+    greedy = E.evaluate(config(files, tmp_path / "greedy"), cell_fn=H.cell, ceiling_fn=H.certain_target,
+                        log=lambda m: None)
+    assert "acceptance_ceiling" not in greedy  # greedy verification accepts exact matches only
+
+
+def test_an_acceptance_ceiling_without_sampling_is_refused_in_one_line(files, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "vllm_can_run", lambda: (True, ""))
+    assert cli.main([*_cli_args(files, tmp_path / "greedy"), "--acceptance-ceiling"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) <= 2 and "--acceptance-ceiling measures sampled runs" in err[0], err

@@ -249,6 +249,9 @@ def _evaluate(a: argparse.Namespace) -> int:
     if a.top_p < 1.0 and a.temperature == 0:  # greedy decoding has no nucleus to narrow
         raise UsageError(f"--top-p {a.top_p:g} only applies to sampled runs",
                          "add --temperature T (above 0), or drop --top-p")
+    if a.acceptance_ceiling and a.temperature == 0:  # greedy verification accepts exact matches only
+        raise UsageError("--acceptance-ceiling measures sampled runs",
+                         "add --temperature T (above 0), or drop --acceptance-ceiling")
     ok, why = vllm_can_run()
     if not ok:
         raise UsageError(f"evaluate serves the target with vLLM, and {why}",
@@ -268,7 +271,7 @@ def _evaluate_into(a: argparse.Namespace, output_dir: str) -> int:
         gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
         engine_kwargs=a.engine_kwargs or {}, budget_s=a.budget_s,
         baseline=not a.no_baseline, trust_remote_code=a.trust_remote_code,
-        temperature=a.temperature, seed=a.seed, top_p=a.top_p,
+        temperature=a.temperature, seed=a.seed, top_p=a.top_p, acceptance_ceiling=a.acceptance_ceiling,
     )
     res = evaluate(cfg, raise_on_error=False)
     print(json.dumps(res["summary"]["eagle3_vs_ngram"], indent=1))
@@ -412,6 +415,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--seed", type=non_negative_int, default=0)
     s.add_argument("--top-p", type=unit_interval, default=1.0,
                    help="sampled runs: keep the smallest set of tokens whose probability reaches this (Kimi-K2.5: 0.95)")
+    s.add_argument("--acceptance-ceiling", action="store_true",
+                   help="sampled runs: also measure the target's top-20 logprobs along the baseline's outputs "
+                        "(one more engine): the most vLLM can accept of any draft's tokens")
     s.add_argument("--trust-remote-code", action="store_true",
                    help="run the tokenizer / processor code the target ships (Kimi-K2.5), here and in vLLM")
     s.set_defaults(func=_evaluate)

@@ -50,6 +50,7 @@ from typing import Any
 from ..detect import installed_vllm_version
 from ..errors import VllmCompatError, VllmNotInstalledError
 from ..isolation import IsolatedCallError, run_isolated
+from .ceiling import ceiling_stats
 from .repetition import repetition_stats
 
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -237,6 +238,10 @@ class EvalConfig:
     seed: int = 0
     # sampled runs only: the nucleus (Kimi-K2.5 is served at temperature 1.0, top_p 0.95)
     top_p: float = 1.0
+    # sampled runs only: the target's logprobs along the baseline's outputs (one more engine),
+    # the most vLLM can accept of any draft's tokens (:mod:`vllm_compat.eagle3.ceiling`)
+    acceptance_ceiling: bool = False
+    ceiling_top_k: int = 20
 
 
 def planned_configs(cfg: EvalConfig) -> list[dict[str, Any]]:
@@ -316,12 +321,14 @@ def run_cell(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate(cfg: EvalConfig, *, log: Any = print, raise_on_error: bool = True,
-             cell_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+             cell_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+             ceiling_fn: Callable[[dict[str, Any]], list[Any]] | None = None) -> dict[str, Any]:
     """Run every planned configuration, each in its own process; returns the result dict (also
     ``evaluate.json``). A failed configuration is recorded and the others run; then, with
     ``raise_on_error``, :class:`EvaluationError` names the failed ones. ``cell_fn``: what
     measures one configuration in its process (default :func:`run_cell`; any module-level
-    function with its signature)."""
+    function with its signature); ``ceiling_fn``: what measures the target's logprobs for
+    ``acceptance_ceiling`` (default :func:`ceiling_cell`)."""
     cell_fn = cell_fn or run_cell
     t_start = time.perf_counter()
     out = Path(cfg.output_dir)
@@ -370,6 +377,10 @@ def evaluate(cfg: EvalConfig, *, log: Any = print, raise_on_error: bool = True,
                 result["samples"] = _samples(target, prompts[:2], baseline_outputs.get("batch1", [])[:2],
                                              cfg.trust_remote_code)
                 result["baseline_repetition"] = _repetition(runs, baseline_outputs, cfg)
+                if cfg.acceptance_ceiling and cfg.temperature > 0:
+                    log("[evaluate] acceptance ceiling: the target's logprobs along the baseline's outputs")
+                    result["acceptance_ceiling"] = _ceiling(ceiling_fn or ceiling_cell, target, engine, runs,
+                                                            baseline_outputs, cfg)
                 (out / BASELINE_OUTPUTS).write_text(json.dumps({"prompts": runs, "outputs": baseline_outputs}))
         except Exception as exc:  # recorded; one failing configuration must not hide the others
             _record_error(entry, exc)
@@ -439,6 +450,35 @@ def _repetition(runs: dict[str, list[list[int]]], baseline_outputs: dict[str, li
     # what prompt lookup can exploit in the target's own outputs, with the n-gram runs' n range
     return {name: repetition_stats(runs[name], outs, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
             for name, outs in baseline_outputs.items() if name in runs}
+
+
+def ceiling_cell(job: dict[str, Any]) -> list[list[dict[int, float] | None]]:
+    """The target's top-``k`` logprobs at every position of ``job["sequences"]`` (prompt +
+    output), on an engine without speculation; :func:`evaluate` runs this in a process of its own."""
+    from ..runtime import llm as serve  # imports vLLM
+
+    llm = serve.open_llm(job["target"], **job["engine"], max_logprobs=job["k"])
+    try:
+        return serve.prompt_logprobs(llm, job["sequences"], k=job["k"])
+    finally:
+        serve.close_llm(llm)
+
+
+def _ceiling(fn: Callable[[dict[str, Any]], list[Any]], target: str, engine: dict[str, Any],
+             runs: dict[str, list[list[int]]], baseline_outputs: dict[str, list[list[int]]],
+             cfg: EvalConfig) -> dict[str, Any]:
+    names = [n for n in baseline_outputs if n in runs]
+    seqs = [list(p) + list(o) for n in names for p, o in zip(runs[n], baseline_outputs[n])]
+    rows = run_isolated(fn, args=({"target": target, "engine": engine, "sequences": seqs,
+                                             "k": cfg.ceiling_top_k},), name="evaluate acceptance ceiling")
+    out, i = {}, 0
+    for n in names:
+        prompts, outs = runs[n], baseline_outputs[n]
+        per = [rows[i + j][len(p):len(p) + len(o)] for j, (p, o) in enumerate(zip(prompts, outs))]
+        i += len(prompts)
+        out[n] = ceiling_stats(prompts, outs, per, top_p=cfg.top_p, ks=sorted(set(cfg.ks) | set(cfg.ngram_ks)),
+                               min_n=cfg.prompt_lookup_min, max_n=cfg.prompt_lookup_max)
+    return out
 
 
 def _samples(target: str, prompts: list[list[int]], outputs: list[list[int]],
@@ -563,6 +603,17 @@ def markdown_table(result: dict[str, Any]) -> str:
             lines.append(f"| {run} | {r['tokens']} | {_fmt(r['lookup_match_fraction'])} | "
                          f"{_fmt(r['lookup_hit_fraction'])} | {_fmt(r['distinct_4gram_fraction'])} | "
                          f"{r['looping_outputs']} of {r['outputs']} |")
+    ceil = result.get("acceptance_ceiling") or {}
+    if ceil:
+        lines += ["", "What the target lets through along its own sampled outputs (vLLM accepts a proposed "
+                  "token with the target's probability of it):", "",
+                  "| run | tokens | target top-1 prob | draft AL ceiling per K | lookup proposes | "
+                  "lookup accepted with |", "|---|---|---|---|---|---|"]
+    for run, c in ceil.items():
+        al = ", ".join(f"K={k}: {_fmt(v)}" for k, v in c["draft_al_ceiling"].items())
+        acc = "–" if c["lookup_accept_prob"] is None else "–".join(_fmt(x) for x in c["lookup_accept_prob"])
+        lines.append(f"| {run} | {c['tokens']} | {_fmt(c['top1_prob_mean'])} | {al} | "
+                     f"{_fmt(c['lookup_proposal_fraction'])} | {acc} |")
     return "\n".join(lines) + "\n"
 
 
