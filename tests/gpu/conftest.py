@@ -86,17 +86,21 @@ def _outcome(report, row: dict) -> str:
     return row["outcome"] if report.when == "teardown" else "passed"
 
 
+def _relative(path: str) -> str:
+    with contextlib.suppress(ValueError):  # published results name no host paths
+        return os.path.relpath(path) if os.path.isabs(path) else path
+    return path
+
+
 def _detail(report) -> str:
     """Where a test failed and with what message (an assertion's text, an exception's), not
     only the last line of the traceback, which names the exception type alone."""
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
-        return f"{crash.path}:{crash.lineno}: {crash.message}"[:2000]
+        return f"{_relative(crash.path)}:{crash.lineno}: {crash.message}"[:2000]
     if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:  # a skip: (path, line, reason)
         path, lineno, reason = report.longrepr
-        with contextlib.suppress(ValueError):  # published results name no host paths
-            path = os.path.relpath(path) if os.path.isabs(path) else path
-        return f"{path}:{lineno}: {reason}"[:2000]
+        return f"{_relative(path)}:{lineno}: {reason}"[:2000]
     text = report.longreprtext.strip().splitlines()
     return (text[-1] if text else "")[:2000]
 

@@ -82,20 +82,24 @@ def test_a_failure_is_recorded_with_its_message_and_place(tmp_path):
 
 
 def test_a_skip_is_recorded_with_its_reason_and_a_path_inside_the_checkout(tmp_path):
-    """A results file is published as it is: a skip names the test's file relative to the
-    directory the suite ran from, not the host's absolute path (pytest gives a tuple)."""
+    """A results file is published as it is: a skip or a failure names the test's file
+    relative to the directory the suite ran from, not the host's absolute path (pytest gives
+    a skip as a tuple, a failure's place as an absolute path)."""
     (tmp_path / "test_skips.py").write_text("import pytest\n\n"
                                             "def test_needs_two():\n"
-                                            "    pytest.skip('needs >= 2 GPUs')\n")
+                                            "    pytest.skip('needs >= 2 GPUs')\n\n"
+                                            "def test_fails():\n"
+                                            "    assert 1 == 2, 'off'\n")
     out = tmp_path / "outcomes.jsonl"
     env = dict(__import__("os").environ, VLLM_COMPAT_GPU_OUTCOMES=str(out), VLLM_COMPAT_CODE="c",
                PYTHONPATH=str(ROOT))
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                     "-p", "tests.gpu.conftest", str(tmp_path / "test_skips.py")],
                    cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    (row,) = R.read_results(out)
-    assert row["outcome"] == "skipped"
-    assert row["detail"] == "test_skips.py:4: Skipped: needs >= 2 GPUs"
+    skip, fail = R.read_results(out)
+    assert skip["outcome"] == "skipped"
+    assert skip["detail"] == "test_skips.py:4: Skipped: needs >= 2 GPUs"
+    assert fail["outcome"] == "failed" and fail["detail"].startswith("test_skips.py:7: AssertionError: off")
 
 
 def test_each_units_output_is_kept_beside_the_report(tmp_path):
