@@ -32,9 +32,12 @@ pytestmark = pytest.mark.gpu
 
 KINDS = ["llama", "deepseek_v3", "kimi_k25"]
 TOL_BF16 = 0.02  # two bf16 computations of the same states (relative Frobenius error)
-# Deep layers of a random MoE model amplify bf16 rounding: on the Kimi shape two runs of vLLM's
-# own path differ by more than TOL_BF16 (docs/results/kimi-state-audit.md). Past TOL_BF16 the
-# test starts vLLM's path a second time and allows twice what vLLM differs from itself.
+# Deep layers of a random MoE model amplify bf16 rounding: on the Kimi shape two vLLM runs
+# that batch the same prompts differently differ by more than TOL_BF16
+# (docs/results/kimi-state-audit.md); two runs of the same batches are bit-equal (measured on
+# vLLM 0.26.0). Our server gets the prompts one request at a time, vLLM's path all at once, so
+# past TOL_BF16 the test runs vLLM's path again one prompt at a time and allows twice what
+# vLLM's two batchings differ by.
 NOISE_FACTOR = 2.0
 
 
@@ -63,8 +66,10 @@ def _ids(path: str) -> list[int]:
     return [1, 2, L]  # the 4-layer tiny models: [2, L//2, L-3] collide
 
 
-def _vllm_files(path: str, ids: list[int], prompts: list[list[int]], store: Path) -> list[dict]:
-    """vLLM's own path, raw (no vllm_compat in between): the files it writes."""
+def _vllm_files(path: str, ids: list[int], prompts: list[list[int]], store: Path,
+                one_at_a_time: bool = False) -> list[dict]:
+    """vLLM's own path, raw (no vllm_compat in between): the files it writes, for the prompts
+    in one ``generate`` call or (``one_at_a_time``) one call each."""
     import vllm
     from safetensors.torch import load_file
 
@@ -79,8 +84,9 @@ def _vllm_files(path: str, ids: list[int], prompts: list[list[int]], store: Path
         max_model_len=M.MAX_LEN, gpu_memory_utilization=0.1, enforce_eager=True,
         trust_remote_code=True, **M.engine_kwargs())
     try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                            vllm.SamplingParams(max_tokens=1), use_tqdm=False)
+        batches = [[p] for p in prompts] if one_at_a_time else [prompts]
+        outs = [o for b in batches for o in llm.generate(
+            [{"prompt_token_ids": p} for p in b], vllm.SamplingParams(max_tokens=1), use_tqdm=False)]
         paths = [o.kv_transfer_params["hidden_states_path"] for o in outs]
         wait_hidden_states_saved(paths, llm)
         return [load_file(p) for p in paths]
@@ -162,9 +168,10 @@ def test_server_files_equal_vllms_own_where_its_path_works(ckpts, kind, tmp_path
         row.update(vllm_ran=True, bit_equal_share=exact / total, worst_rel_err=rel,
                    token_ids_equal=same_ids, tolerance=TOL_BF16)
         if rel > TOL_BF16:
-            again = _vllm_files(path, ids, prompts, tmp_path / "vllm-again")
-            noise = _worst_rel(again, theirs)
-            row.update(vllm_vs_itself_rel_err=noise, tolerance=max(TOL_BF16, NOISE_FACTOR * noise))
+            single = _vllm_files(path, ids, prompts, tmp_path / "vllm-single", one_at_a_time=True)
+            noise = _worst_rel(single, theirs)
+            row.update(vllm_batched_vs_single_rel_err=noise, ours_vs_vllm_single_rel_err=_worst_rel(ours, single),
+                       tolerance=max(TOL_BF16, NOISE_FACTOR * noise))
     except Exception as exc:  # noqa: BLE001 - vLLM's own path failing is a result
         row.update(vllm_ran=False, error=f"{type(exc).__name__}: {exc}"[:2000])
     M.record(f"serve_vs_native:{kind}", **row)
