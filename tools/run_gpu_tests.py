@@ -18,7 +18,7 @@ where it failed and the message, and the code it ran (the git commit, or a hash 
 sources without git); each unit's whole pytest output and its tests' records are kept in
 ``<report>-logs/``. A second run of the same code skips the tests already there (``--fresh``
 runs everything, ``--retry-failed`` the failures again); durations of earlier runs order the
-units. The report holds the versions (vLLM, torch, CUDA, GPU), each test's outcome, the
+units. Stopped by SIGTERM or SIGINT, it stops its units and the engines they started. The report holds the versions (vLLM, torch, CUDA, GPU), each test's outcome, the
 wall-clock time against the sum of the tests' own, and the records the tests write
 (``VLLM_COMPAT_GPU_RESULTS``).
 """
@@ -26,12 +26,15 @@ wall-clock time against the sum of the tests' own, and the records the tests wri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +47,9 @@ KV_BYTES = str(2 << 30)
 PER_JOB_GIB = 14.0  # one test process: its engines' weights, a 2 GiB KV cache, activations
 DEFAULT_TEST_S = 60.0  # a test never timed before
 FINISHED = {"passed", "skipped", "xfailed", "xpassed"}
+STOP_GRACE_S = 10.0  # SIGTERM to a unit's processes, then SIGKILL
+_UNITS: dict[int, subprocess.Popen] = {}  # running units by pid; each leads a process group
+_UNITS_LOCK = threading.Lock()
 
 
 # --------------------------------------------------------------------------- what ran
@@ -147,15 +153,56 @@ def run_unit(unit: str, ids: list[str], logs: Path, env: dict[str, str], n: int,
     with log.open("w") as f:
         # -s: the output (an engine process's root cause included) reaches the log as it is
         # written, so a unit stopped by a timeout keeps it; captured output would be lost
-        rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
-                             "-q", "-s", *extra, *ids], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                            env=dict(env, VLLM_COMPAT_GPU_RESULTS=str(logs / f"records-{n}.jsonl"))
-                            ).returncode
+        # its own process group: the engines it starts can be stopped with it (stop_units)
+        p = subprocess.Popen([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
+                              "-q", "-s", *extra, *ids], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                             env=dict(env, VLLM_COMPAT_GPU_RESULTS=str(logs / f"records-{n}.jsonl")),
+                             start_new_session=True)
+        with _UNITS_LOCK:
+            _UNITS[p.pid] = p
+        try:
+            rc = p.wait()
+        finally:
+            with _UNITS_LOCK:
+                _UNITS.pop(p.pid, None)
     tail = log.read_text(errors="replace").splitlines()[-3:]
     print(f"[{time.strftime('%H:%M:%S')}] {unit}: {len(ids)} test(s), pytest exit {rc}, "
           f"{time.monotonic() - t0:.0f} s  {' | '.join(tail)[-200:]}", flush=True)
     return {"unit": unit, "tests": len(ids), "pytest_exit_code": rc,
             "seconds": round(time.monotonic() - t0, 1), "log": str(log)}
+
+
+def stop_units(signum: int, frame: Any = None) -> None:
+    """On SIGTERM / SIGINT (a ``timeout``, a job scheduler, Ctrl-C): stop every running unit
+    and the engine processes it started, then exit. Left running, their engines would hold
+    GPU memory that whatever runs next on the GPU needs."""
+    with _UNITS_LOCK:
+        groups = list(_UNITS)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for g in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(g, sig)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while sig == signal.SIGTERM and time.monotonic() < deadline and any(map(_group_alive, groups)):
+            time.sleep(0.2)
+    print(f"stopped by signal {signum}: {len(groups)} unit(s) stopped; finished tests are in the results file",
+          flush=True)
+    os._exit(128 + signum)  # the pool's threads wait on the stopped units: leave without them
+
+
+def stop_units_on_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop_units)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def unit_logs(out: Path) -> Path:
@@ -258,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(tests)} tests, {len(tests) - sum(len(u[1]) for u in todo)} already finished "
           f"for {code}; {len(todo)} units on {jobs} job(s); results -> {results}", flush=True)
     logs = unit_logs(out)
+    stop_units_on_signals()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(run_unit, u, ids, logs, env, n, extra)
                    for n, (u, ids, _) in enumerate(todo)]

@@ -143,3 +143,50 @@ def test_a_unit_stopped_mid_test_keeps_what_its_processes_printed(tmp_path):
         os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the timeout
     done.join(30)
     assert seen, log.read_text() if log.exists() else "no log"
+
+
+def test_a_stopped_runner_stops_its_units_and_the_engines_they_started(tmp_path):
+    """``timeout 560 python tools/run_gpu_tests.py`` once left a unit's engine holding 16 GiB of
+    the GPU after the runner was gone, and the benchmark started next failed for memory."""
+    import os
+    import signal
+    import time
+
+    pid_file = tmp_path / "engine.pid"
+    (tmp_path / "test_engine.py").write_text(
+        "import subprocess, sys, time\nimport pytest\n\n"
+        "@pytest.mark.gpu\n"
+        "def test_with_an_engine_process():\n"
+        "    engine = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(engine.pid))\n"
+        "    time.sleep(300)\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    # the runner's main as far as units go: its signal handlers, one unit in a worker thread
+    driver = ("import os, sys, threading\n"
+              "from tools import run_gpu_tests as R\n"
+              "R.stop_units_on_signals()\n"
+              "t = threading.Thread(target=R.run_unit, args=('u', [sys.argv[1]], R.Path(sys.argv[2]), "
+              "dict(os.environ), 0, ['-p', 'tests.gpu.conftest']))\n"
+              "t.start(); t.join()\n")
+    runner = subprocess.Popen([sys.executable, "-c", driver, str(tmp_path / "test_engine.py"), str(logs)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() and time.monotonic() < deadline and runner.poll() is None:
+        time.sleep(0.2)
+    assert pid_file.exists(), runner.communicate(timeout=60)[0] if runner.poll() is not None else "no engine"
+    engine = int(pid_file.read_text())
+    runner.send_signal(signal.SIGTERM)
+    out = runner.communicate(timeout=60)[0]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(engine, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(engine, signal.SIGKILL)
+        raise AssertionError(f"the unit's engine process {engine} outlived the stopped runner: {out}")
+    assert runner.returncode == 128 + signal.SIGTERM, out
+    assert "stopped by signal 15: 1 unit(s) stopped" in out, out
