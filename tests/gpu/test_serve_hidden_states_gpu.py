@@ -32,12 +32,11 @@ pytestmark = pytest.mark.gpu
 
 KINDS = ["llama", "deepseek_v3", "kimi_k25"]
 TOL_BF16 = 0.02  # two bf16 computations of the same states (relative Frobenius error)
-# Deep layers of a random MoE model amplify bf16 rounding: on the Kimi shape two vLLM runs
-# that batch the same prompts differently differ by more than TOL_BF16
-# (docs/results/kimi-state-audit.md); two runs of the same batches are bit-equal (measured on
-# vLLM 0.26.0). Our server gets the prompts one request at a time, vLLM's path all at once, so
-# past TOL_BF16 the test runs vLLM's path again one prompt at a time and allows twice what
-# vLLM's two batchings differ by.
+# Deep layers of a random MoE model amplify bf16 rounding: on the Kimi shape engine runs that
+# are run differently differ by more than TOL_BF16 (docs/results/kimi-state-audit.md), while
+# two runs of the same batches are bit-equal (vLLM 0.26.0). Our server gets the prompts one
+# request at a time, vLLM's path all at once, so past TOL_BF16 the test runs vLLM's path
+# again one prompt at a time and allows twice what vLLM's two batchings differ by.
 NOISE_FACTOR = 2.0
 
 
