@@ -1,6 +1,7 @@
 """``runtime.llm.generate``'s sampling parameters on this release: greedy by default, sampled
 with one seed per prompt when asked (so a sampled evaluation can be repeated), vLLM's own
-``SamplingParams`` built with them. The engine cannot run on the CPU: a stand-in for ``LLM``
+``SamplingParams`` built with them; ``runtime.llm.prompt_logprobs`` read from the containers
+this release's output processor fills. The engine cannot run on the CPU: a stand-in for ``LLM``
 keeps what ``generate`` is given; the parameters are vLLM's real objects."""
 
 from __future__ import annotations
@@ -48,3 +49,42 @@ def test_sampling_without_a_seed_per_prompt_is_refused():
 
     with pytest.raises(ValueError, match="one seed per prompt"):
         serve.generate(_KeepsParams(), [[1], [2]], max_tokens=4, temperature=0.8, seeds=[1])
+
+
+def _vllms_prompt_logprobs(flat: bool):
+    """Prompt logprobs of the sequence [5, 6, 7] in the container this release's output
+    processor fills (top 2 per position; the sequence's own token added where it ranks lower)."""
+    positions = [([6, 9, 8], [-3.0, -0.1, -2.5], 3), ([7, 9], [-0.2, -1.9], 1)]
+    try:
+        from vllm.logprobs import append_logprobs_for_next_position, create_prompt_logprobs
+    except ImportError:  # before vllm.logprobs: a list of {token: Logprob}, None first
+        if flat:
+            pytest.skip("no FlatLogprobs in this release")
+        try:
+            from vllm.logprobs import Logprob
+        except ImportError:
+            from vllm.sequence import Logprob
+
+        return [None] + [{t: Logprob(logprob=lp, rank=rank if i == 0 else i) for i, (t, lp) in
+                          enumerate(zip(ids, lps))} for ids, lps, rank in positions]
+    out = create_prompt_logprobs(flat)
+    for ids, lps, rank in positions:
+        append_logprobs_for_next_position(out, ids, lps, [None] * len(ids), rank, 2)
+    return out
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_prompt_logprobs_are_the_top_k_of_each_position_in_either_container(flat):
+    from vllm_compat.runtime import llm as serve
+
+    container = _vllms_prompt_logprobs(flat)
+
+    class _Keeps:
+        def generate(self, prompts, params, use_tqdm=False):
+            self.prompts, self.params = prompts, params
+            return [SimpleNamespace(prompt_logprobs=container) for _ in prompts]
+
+    keep = _Keeps()
+    rows = serve.prompt_logprobs(keep, [[5, 6, 7]], k=2)
+    assert rows == [[None, {9: -0.1, 8: -2.5}, {7: -0.2, 9: -1.9}]]  # 6 ranked 3rd: left out
+    assert (keep.params.prompt_logprobs, keep.params.max_tokens, keep.params.temperature) == (2, 1, 0.0)

@@ -108,7 +108,7 @@ def prompt_logprobs(llm: LLM, sequences: Sequence[Sequence[int]], *, k: int) -> 
     tokens_prompt = sym("TokensPrompt")
     outs = llm.generate([tokens_prompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False)
     def top(row: Any) -> dict[int, float] | None:
-        if row is None:
+        if not row:  # the first position: None in a list, {} in vLLM's FlatLogprobs
             return None
         ranked = sorted(((float(lp.logprob), int(t)) for t, lp in row.items()), reverse=True)[:k]
         return {t: lp for lp, t in ranked}
