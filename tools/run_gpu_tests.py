@@ -18,9 +18,9 @@ where it failed and the message, and the code it ran (the git commit, or a hash 
 sources without git); each unit's whole pytest output and its tests' records are kept in
 ``<report>-logs/``. A second run of the same code skips the tests already there (``--fresh``
 runs everything, ``--retry-failed`` the failures again); durations of earlier runs order the
-units. Stopped by SIGTERM or SIGINT, it stops its units and the engines they started. The report holds the versions (vLLM, torch, CUDA, GPU), each test's outcome, the
-wall-clock time against the sum of the tests' own, and the records the tests write
-(``VLLM_COMPAT_GPU_RESULTS``).
+units. Stopped by SIGTERM or SIGINT, it stops its units and the engines they started. The
+report holds the versions (vLLM, torch, CUDA, GPU), each test's outcome, the wall-clock time
+against the sum of the tests' own, and the records the tests write (``VLLM_COMPAT_GPU_RESULTS``).
 """
 
 from __future__ import annotations
@@ -185,8 +185,8 @@ def stop_units(signum: int, frame: Any = None) -> None:
         deadline = time.monotonic() + STOP_GRACE_S
         while sig == signal.SIGTERM and time.monotonic() < deadline and any(map(_group_alive, groups)):
             time.sleep(0.2)
-    print(f"stopped by signal {signum}: {len(groups)} unit(s) stopped; finished tests are in the results file",
-          flush=True)
+    print(f"stopped by signal {signum}: {len(groups)} unit(s) stopped; finished tests are in "
+          "the results file", flush=True)
     os._exit(128 + signum)  # the pool's threads wait on the stopped units: leave without them
 
 

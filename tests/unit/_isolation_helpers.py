@@ -101,3 +101,8 @@ def certain_target(job: dict) -> list:
     """Evaluate's ``ceiling_fn`` for CPU tests: a target that is certain of every token of each
     sequence it is shown (top-1 logprob 0 at every position, None at the first)."""
     return [[None] + [{t: 0.0} for t in seq[1:]] for seq in job["sequences"]]
+
+
+def failing_target(job: dict) -> list:
+    """Evaluate's ``ceiling_fn`` whose engine refuses (as vLLM does a ``max_logprobs`` it cannot give)."""
+    raise ValueError("Requested prompt logprobs of 20, which is greater than max allowed: 5")

@@ -267,3 +267,15 @@ def test_an_acceptance_ceiling_without_sampling_is_refused_in_one_line(files, tm
     assert cli.main([*_cli_args(files, tmp_path / "greedy"), "--acceptance-ceiling"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) <= 2 and "--acceptance-ceiling measures sampled runs" in err[0], err
+
+
+def test_a_failing_acceptance_ceiling_is_recorded_and_the_baseline_stands(files, tmp_path):
+    out = tmp_path / "eval"
+    cfg = config(files, out, outputs="loop")
+    cfg.temperature, cfg.acceptance_ceiling = 1.0, True
+    res = E.evaluate(cfg, cell_fn=H.cell, ceiling_fn=H.failing_target, log=lambda m: None)
+    assert "greater than max allowed" in res["acceptance_ceiling_error"]
+    assert not res["failed"] and res["status"] == "ok"
+    assert (out / E.BASELINE_OUTPUTS).exists()
+    md = (out / E.RESULT_MD).read_text()
+    assert "Acceptance ceiling not measured:" in md and "greater than max allowed" in md

@@ -8,8 +8,7 @@ top-1 probability, however well it is trained; prompt lookup is accepted with ``
 token it copies. Both come from the target's logprobs along its own sampled outputs
 (``prompt_logprobs`` of prompt + output), next to vLLM's measured acceptance lengths.
 
-The target's logprobs are the top ``k`` tokens of each position (and the sampled one); a
-probability inside the nucleus is divided by the nucleus' mass, the top ``k``'s cumulative
+The target's logprobs are the top ``k`` tokens of each position; a probability inside the nucleus is divided by the nucleus' mass, the top ``k``'s cumulative
 mass where it reaches ``top_p`` and ``top_p`` where it does not (an upper bound, as a
 ceiling should be). A lookup proposal outside the top ``k`` has a probability between 0 and
 the ``k``-th's; both bounds are reported.

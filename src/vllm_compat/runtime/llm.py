@@ -99,14 +99,17 @@ def timed_generate(llm: LLM, prompts: Sequence[Sequence[int]], *, max_tokens: in
     return out, time.perf_counter() - t0
 
 
-def prompt_logprobs(llm: LLM, sequences: Sequence[Sequence[int]], *, k: int) -> list[list[dict[int, float] | None]]:
+def prompt_logprobs(llm: LLM, sequences: Sequence[Sequence[int]], *,
+                    k: int) -> list[list[dict[int, float] | None]]:
     """The target's top-``k`` logprobs (raw, at temperature 1) at every position of each
     token-id sequence: ``[i][t]`` is token -> logprob for the token at position ``t`` given
     the ones before it (None at position 0). vLLM adds the sequence's own token where it is
     not among the top ``k``; it is left out, so every row holds exactly the top ``k``."""
     params = sym("SamplingParams")(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False)
     tokens_prompt = sym("TokensPrompt")
-    outs = llm.generate([tokens_prompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False)
+    outs = llm.generate([tokens_prompt(prompt_token_ids=list(s)) for s in sequences], params,
+                        use_tqdm=False)
+
     def top(row: Any) -> dict[int, float] | None:
         if not row:  # the first position: None in a list, {} in vLLM's FlatLogprobs
             return None
