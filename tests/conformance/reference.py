@@ -175,3 +175,26 @@ def has_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+@oracle_fn("vLLM's prompt-logprobs containers (reference.prompt_logprobs_container)")
+def prompt_logprobs_container(flat: bool, positions: list[tuple[list[int], list[float], int]],
+                              k: int) -> Any:
+    """Prompt logprobs as this release's output processor fills them: nothing at the first
+    position, then per position (token ids, logprobs, rank of the first) the sequence's own
+    token at its rank and the top ``k``. None where the release has no flat container."""
+    try:
+        from vllm.logprobs import append_logprobs_for_next_position, create_prompt_logprobs
+    except ImportError:  # before vllm.logprobs had them: a list of {token: Logprob}, None first
+        if flat:
+            return None
+        try:
+            from vllm.logprobs import Logprob
+        except ImportError:
+            from vllm.sequence import Logprob
+        return [None] + [{t: Logprob(logprob=lp, rank=rank if i == 0 else i) for i, (t, lp) in
+                          enumerate(zip(ids, lps))} for ids, lps, rank in positions]
+    out = create_prompt_logprobs(flat)
+    for ids, lps, rank in positions:
+        append_logprobs_for_next_position(out, ids, lps, [None] * len(ids), rank, k)
+    return out

@@ -51,33 +51,17 @@ def test_sampling_without_a_seed_per_prompt_is_refused():
         serve.generate(_KeepsParams(), [[1], [2]], max_tokens=4, temperature=0.8, seeds=[1])
 
 
-def _vllms_prompt_logprobs(flat: bool):
-    """Prompt logprobs of the sequence [5, 6, 7] in the container this release's output
-    processor fills (top 2 per position; the sequence's own token added where it ranks lower)."""
-    positions = [([6, 9, 8], [-3.0, -0.1, -2.5], 3), ([7, 9], [-0.2, -1.9], 1)]
-    try:
-        from vllm.logprobs import append_logprobs_for_next_position, create_prompt_logprobs
-    except ImportError:  # before vllm.logprobs: a list of {token: Logprob}, None first
-        if flat:
-            pytest.skip("no FlatLogprobs in this release")
-        try:
-            from vllm.logprobs import Logprob
-        except ImportError:
-            from vllm.sequence import Logprob
-
-        return [None] + [{t: Logprob(logprob=lp, rank=rank if i == 0 else i) for i, (t, lp) in
-                          enumerate(zip(ids, lps))} for ids, lps, rank in positions]
-    out = create_prompt_logprobs(flat)
-    for ids, lps, rank in positions:
-        append_logprobs_for_next_position(out, ids, lps, [None] * len(ids), rank, 2)
-    return out
-
-
 @pytest.mark.parametrize("flat", [False, True])
 def test_prompt_logprobs_are_the_top_k_of_each_position_in_either_container(flat):
     from vllm_compat.runtime import llm as serve
 
-    container = _vllms_prompt_logprobs(flat)
+    from . import reference
+
+    # the sequence [5, 6, 7]: 6 ranks 3rd at position 1, 7 is the top token at position 2
+    container = reference.prompt_logprobs_container(
+        flat, [([6, 9, 8], [-3.0, -0.1, -2.5], 3), ([7, 9], [-0.2, -1.9], 1)], 2)
+    if container is None:
+        pytest.skip("no FlatLogprobs in this release")
 
     class _Keeps:
         def generate(self, prompts, params, use_tqdm=False):
