@@ -116,7 +116,10 @@ def prompt_logprobs(llm: LLM, sequences: Sequence[Sequence[int]], *,
         ranked = sorted(((float(lp.logprob), int(t)) for t, lp in row.items()), reverse=True)[:k]
         return {t: lp for lp, t in ranked}
 
-    return [[top(row) for row in o.prompt_logprobs] for o in outs]
+    missing = [i for i, o in enumerate(outs) if o.prompt_logprobs is None]
+    if missing:  # asked for above: an engine that drops them must not pass for an empty row
+        raise RuntimeError(f"vLLM returned no prompt logprobs for sequences {missing[:8]}")
+    return [[top(row) for row in o.prompt_logprobs or ()] for o in outs]
 
 
 def metrics(llm: LLM) -> list[Any]:
