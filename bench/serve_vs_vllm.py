@@ -45,12 +45,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _model(args: argparse.Namespace, work: Path) -> str:
+def _model(args: argparse.Namespace, work: Path, device: str = "cuda") -> str:
     if os.path.isdir(args.model):
         return args.model
+    from vllm_compat.testing.chat_models import build_chat_tokenizer
     from vllm_compat.testing.models import build_model
 
-    return build_model(args.model, work / "model", device="cuda")
+    path = build_model(args.model, work / "model", device=device)
+    # speculators' prepare-data loads the model's tokenizer even for pre-tokenized rows
+    build_chat_tokenizer(path)
+    return path
 
 
 def _dataset(args: argparse.Namespace, model: str, work: Path) -> Path:

@@ -36,3 +36,14 @@ def test_compare_files(tmp_path):
                        torch.zeros(5, 4, 8, dtype=torch.bfloat16))
     with pytest.raises(AssertionError):
         sv.compare_files(tmp_path / "a", tmp_path / "b", 10)  # token ids differ
+
+
+def test_a_built_model_ships_a_tokenizer(tmp_path):
+    """speculators' prepare-data loads the model's processing class even for token-id rows; a
+    checkpoint without one failed it ("Unrecognized processing class")."""
+    import argparse
+
+    from transformers import AutoTokenizer
+
+    path = sv._model(argparse.Namespace(model="llama-tiny"), tmp_path, device="cpu")
+    assert AutoTokenizer.from_pretrained(path).encode("hello")
