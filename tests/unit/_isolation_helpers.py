@@ -66,7 +66,8 @@ def cell(job: dict) -> dict:
     """An evaluation cell (evaluate's ``cell_fn``) for CPU tests: the numbers a run would
     report, from the prompts; ``job["engine"]["fail"]`` names a configuration that raises
     (a config vLLM refuses) and ``job["engine"]["crash"]`` one whose process dies
-    (a CUDA abort); ``job["engine"]["outputs"] = "loop"``: outputs that loop. Every call is logged to ``job["engine"]["log"]`` with its pid."""
+    (a CUDA abort); ``job["engine"]["outputs"] = "loop"``: outputs that loop. Every call is
+    logged to ``job["engine"]["log"]`` with its pid."""
     engine = job["engine"]
     spec = job["speculative_config"]
     name = "baseline" if spec is None else f"{spec['method']}-k{spec['num_speculative_tokens']}"
@@ -104,5 +105,6 @@ def certain_target(job: dict) -> list:
 
 
 def failing_target(job: dict) -> list:
-    """Evaluate's ``ceiling_fn`` whose engine refuses (as vLLM does a ``max_logprobs`` it cannot give)."""
+    """Evaluate's ``ceiling_fn`` whose engine refuses, as vLLM refuses more prompt logprobs
+    than its ``max_logprobs``."""
     raise ValueError("Requested prompt logprobs of 20, which is greater than max allowed: 5")
