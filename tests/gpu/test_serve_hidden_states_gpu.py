@@ -6,8 +6,8 @@ For a Llama, the tiny DeepSeek-V3 (MLA) and the Kimi-K2.5 test checkpoint:
   ``ExampleHiddenStatesConnector``, what ``launch_vllm.py`` configures) is run raw; where
   vllm_compat's check (``runtime.native_probe``) says it keeps the states intact, its files
   must equal our server's for the same prompts (bit for bit where the kernels are the same,
-  else within bf16 noise), and where the check says it does not, vLLM's path must fail or
-  disagree. Each verdict is recorded (``serve_vs_native:<model>`` in the GPU report: the GPU
+  else within bf16 noise; past that, both within TOL_FP32 of transformers in fp32), and where
+  the check says it does not, vLLM's path must fail or disagree. Each verdict is recorded (``serve_vs_native:<model>`` in the GPU report: the GPU
   rows of the per-release table).
 * speculators 0.9.0's own ``generate-offline-data`` and ``speculators train`` (online, file
   and FP8 backends) run against our server when ``SPECULATORS_PYTHON`` names the Python of
@@ -38,6 +38,11 @@ TOL_BF16 = 0.02  # two bf16 computations of the same states (relative Frobenius 
 # request at a time, vLLM's path all at once, so past TOL_BF16 the test runs vLLM's path
 # again one prompt at a time and allows twice what vLLM's two batchings differ by.
 NOISE_FACTOR = 2.0
+# Those two batchings came out bit-equal on the Kimi test checkpoint while ours and vLLM's
+# differed by 0.0215, as two of our own differently run engines do on this shape. Past both
+# tolerances the truth decides: transformers in fp32 on the same weights, which each side
+# must be within what test_kimi_k25_gpu allows the INT4 checkpoint (TOL_HF["int4"]).
+TOL_FP32 = 0.06
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +103,27 @@ def _worst_rel(xs: list[dict], ys: list[dict]) -> float:
     return max(M.rel_err(y["hidden_states"].float(), x["hidden_states"].float())
                if x["hidden_states"].shape == y["hidden_states"].shape else float("inf")
                for x, y in zip(xs, ys))
+
+
+def _fp32_states(path: str, ids: list[int], prompts: list[list[int]]) -> list[torch.Tensor]:
+    """transformers in fp32, one prompt at a time, slots ``ids`` in vLLM's numbering
+    (k = the state entering layer k, L = the final pre-norm state): ``[T, K, H]`` each."""
+    from vllm_compat.target import read_target
+
+    if read_target(path).is_multimodal_wrapper:
+        from vllm_compat.testing.kimi_k25 import kimi_k25_text_model_for_reference
+        ref = M.HFReference.from_model(kimi_k25_text_model_for_reference(path))
+    else:
+        ref = M.HFReference(path)
+    try:
+        return [ref.states(p)[:, ids] for p in prompts]
+    finally:
+        ref.close()
+
+
+def _worst_rel_to(xs: list[dict], refs: list[torch.Tensor]) -> float:
+    return max(M.rel_err(x["hidden_states"].float(), r) if x["hidden_states"].shape == r.shape
+               else float("inf") for x, r in zip(xs, refs))
 
 
 def _server_files(path: str, ids: list[int], prompts: list[list[int]], work: Path,
@@ -173,11 +199,19 @@ def test_server_files_equal_vllms_own_where_its_path_works(ckpts, kind, tmp_path
                        tolerance=max(TOL_BF16, NOISE_FACTOR * noise))
     except Exception as exc:  # noqa: BLE001 - vLLM's own path failing is a result
         row.update(vllm_ran=False, error=f"{type(exc).__name__}: {exc}"[:2000])
+    if row.get("vllm_ran") and row["worst_rel_err"] > row["tolerance"]:
+        # outside the try: a failing reference is this test's error, not vLLM's path failing
+        ref = _fp32_states(path, ids, prompts)
+        row.update(ours_vs_fp32_rel_err=_worst_rel_to(ours, ref),
+                   vllm_vs_fp32_rel_err=_worst_rel_to(theirs, ref), fp32_tolerance=TOL_FP32)
     M.record(f"serve_vs_native:{kind}", **row)
     for f in ours:
         assert f["hidden_states"].dtype == torch.bfloat16 and f["token_ids"].dtype == torch.int64
+    # ours must be as right as the tolerance that decides for vLLM's path
+    assert row.get("ours_vs_fp32_rel_err", 0.0) <= TOL_FP32, row
     works = (row.get("vllm_ran") and row.get("token_ids_equal")
-             and row["worst_rel_err"] <= row["tolerance"])
+             and (row["worst_rel_err"] <= row["tolerance"]
+                  or row.get("vllm_vs_fp32_rel_err", float("inf")) <= TOL_FP32))
     # backend="native" is allowed exactly where vLLM's own path gives the states
     assert bool(works) == allowed, row
 
