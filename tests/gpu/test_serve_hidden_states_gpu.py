@@ -7,8 +7,8 @@ For a Llama, the tiny DeepSeek-V3 (MLA) and the Kimi-K2.5 test checkpoint:
   vllm_compat's check (``runtime.native_probe``) says it keeps the states intact, its files
   must equal our server's for the same prompts (bit for bit where the kernels are the same,
   else within bf16 noise; past that, both within TOL_FP32 of transformers in fp32), and where
-  the check says it does not, vLLM's path must fail or disagree. Each verdict is recorded (``serve_vs_native:<model>`` in the GPU report: the GPU
-  rows of the per-release table).
+  the check says it does not, vLLM's path must fail or disagree. Each verdict is recorded
+  (``serve_vs_native:<model>`` in the GPU report: the GPU rows of the per-release table).
 * speculators 0.9.0's own ``generate-offline-data`` and ``speculators train`` (online, file
   and FP8 backends) run against our server when ``SPECULATORS_PYTHON`` names the Python of
   an environment with speculators 0.9.0.
