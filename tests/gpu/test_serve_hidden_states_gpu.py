@@ -100,14 +100,16 @@ def _vllm_files(path: str, ids: list[int], prompts: list[list[int]], store: Path
 
 
 def _worst_rel(xs: list[dict], ys: list[dict]) -> float:
+    """The largest rel error of ``ys`` against ``xs`` (``xs`` the reference), file by file."""
     return max(M.rel_err(y["hidden_states"].float(), x["hidden_states"].float())
                if x["hidden_states"].shape == y["hidden_states"].shape else float("inf")
                for x, y in zip(xs, ys))
 
 
-def _fp32_states(path: str, ids: list[int], prompts: list[list[int]]) -> list[torch.Tensor]:
+def _fp32_states(path: str, ids: list[int], prompts: list[list[int]]) -> list[dict]:
     """transformers in fp32, one prompt at a time, slots ``ids`` in vLLM's numbering
-    (k = the state entering layer k, L = the final pre-norm state): ``[T, K, H]`` each."""
+    (k = the state entering layer k, L = the final pre-norm state): ``hidden_states``
+    ``[T, K, H]`` each, as in the files."""
     from vllm_compat.target import read_target
 
     if read_target(path).is_multimodal_wrapper:
@@ -116,14 +118,9 @@ def _fp32_states(path: str, ids: list[int], prompts: list[list[int]]) -> list[to
     else:
         ref = M.HFReference(path)
     try:
-        return [ref.states(p)[:, ids] for p in prompts]
+        return [{"hidden_states": ref.states(p)[:, ids]} for p in prompts]
     finally:
         ref.close()
-
-
-def _worst_rel_to(xs: list[dict], refs: list[torch.Tensor]) -> float:
-    return max(M.rel_err(x["hidden_states"].float(), r) if x["hidden_states"].shape == r.shape
-               else float("inf") for x, r in zip(xs, refs))
 
 
 def _server_files(path: str, ids: list[int], prompts: list[list[int]], work: Path,
@@ -202,8 +199,8 @@ def test_server_files_equal_vllms_own_where_its_path_works(ckpts, kind, tmp_path
     if row.get("vllm_ran") and row["worst_rel_err"] > row["tolerance"]:
         # outside the try: a failing reference is this test's error, not vLLM's path failing
         ref = _fp32_states(path, ids, prompts)
-        row.update(ours_vs_fp32_rel_err=_worst_rel_to(ours, ref),
-                   vllm_vs_fp32_rel_err=_worst_rel_to(theirs, ref), fp32_tolerance=TOL_FP32)
+        row.update(ours_vs_fp32_rel_err=_worst_rel(ref, ours),
+                   vllm_vs_fp32_rel_err=_worst_rel(ref, theirs), fp32_tolerance=TOL_FP32)
     M.record(f"serve_vs_native:{kind}", **row)
     for f in ours:
         assert f["hidden_states"].dtype == torch.bfloat16 and f["token_ids"].dtype == torch.int64
