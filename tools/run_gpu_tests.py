@@ -10,7 +10,8 @@ What ``nox -s gpu`` runs after it has installed vLLM; on a GPU host that cannot 
 install vLLM by other means and run this directly.
 
 The suite is cut into units (a test file, or each test of a file that declares
-``GPU_TEST_UNIT = "function"``: its tests share no engine) and ``--jobs`` pytest processes
+``GPU_TEST_UNIT = "function"``: its tests share no engine, or each value of one parameter
+for ``"param:NAME"``) and ``--jobs`` pytest processes
 take them longest first, each engine with a fixed KV cache (``VLLM_COMPAT_GPU_TEST_KV_BYTES``,
 2 GiB unless set) so that they fit side by side. Each test's outcome and duration is
 appended to the results file (``gpu-results.jsonl`` beside ``--out``) as it finishes, with

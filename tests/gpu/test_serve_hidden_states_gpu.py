@@ -30,6 +30,9 @@ from vllm_compat.testing.server import ServerProcess
 from . import _models as M
 
 pytestmark = pytest.mark.gpu
+# tools/run_gpu_tests.py: one process per model (each builds only its checkpoint), and one for
+# the speculators test, so the four run side by side
+GPU_TEST_UNIT = "param:kind"
 
 KINDS = ["llama", "deepseek_v3", "kimi_k25"]
 TOL_BF16 = 0.02  # two bf16 computations of the same states (relative Frobenius error)
@@ -46,19 +49,31 @@ NOISE_FACTOR = 2.0
 TOL_FP32 = 0.06
 
 
+class _Checkpoints(dict):
+    """Each model's checkpoint, built on first use: a process running one unit of this file
+    builds only the checkpoint its tests read."""
+
+    def __init__(self, factory):
+        super().__init__()
+        self._factory = factory
+
+    def __missing__(self, kind: str) -> str:
+        from vllm_compat.testing.chat_models import build_chat_tokenizer
+        from vllm_compat.testing.kimi_k25 import write_kimi_k25_checkpoint
+
+        if kind == "kimi_k25":
+            path = str(write_kimi_k25_checkpoint(self._factory.mktemp("kimi") / "k",
+                                                 variant="int4"))
+        else:
+            path = M.build(kind, str(self._factory.mktemp(kind)))
+            build_chat_tokenizer(path)
+        self[kind] = path
+        return path
+
+
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    from vllm_compat.testing.chat_models import build_chat_tokenizer
-    from vllm_compat.testing.kimi_k25 import write_kimi_k25_checkpoint
-
-    out = {}
-    for k in ("llama", "deepseek_v3"):
-        path = M.build(k, str(tmp_path_factory.mktemp(k)))
-        build_chat_tokenizer(path)
-        out[k] = path
-    out["kimi_k25"] = str(write_kimi_k25_checkpoint(tmp_path_factory.mktemp("kimi") / "k",
-                                                    variant="int4"))
-    return out
+    return _Checkpoints(tmp_path_factory)
 
 
 def _ids(path: str) -> list[int]:
