@@ -144,11 +144,14 @@ def _server_files(path: str, ids: list[int], prompts: list[list[int]], work: Pat
     import httpx
     from safetensors.torch import load_file
 
+    # eager, as vLLM's path below runs: the same kernels on both sides, so what differs is
+    # how the prompts are batched (the speculators test runs the server compiled)
     with ServerProcess.hidden_states(
             path, "--target-layer-ids", *map(str, ids), "--hidden-states-path",
             str(work / "hs"), "--hidden-states-backend", backend, "--max-model-len",
             str(M.MAX_LEN), "--gpu-memory-utilization", "0.1", "--trust-remote-code",
-            "--engine-kwargs", json.dumps(M.engine_kwargs()), log_path=work / "server.log") as srv:
+            "--enforce-eager", "--engine-kwargs", json.dumps(M.engine_kwargs()),
+            log_path=work / "server.log") as srv:
         out = []
         for p in prompts:
             r = httpx.post(srv.openai_base + "/completions", timeout=120, json={
