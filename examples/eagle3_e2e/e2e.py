@@ -718,11 +718,13 @@ def phase_evaluate(a: argparse.Namespace, rec: Recorder) -> dict[str, Any]:
             max_model_len=a.eval_max_model_len, engine_kwargs=json.loads(a.engine_kwargs) if a.engine_kwargs else {},
             budget_s=a.eval_budget_s, label=f"EAGLE-3 on {a.model} target",
             trust_remote_code=a.model == "kimi", temperature=a.temperature, seed=a.seed, top_p=a.top_p,
+            acceptance_ceiling=a.acceptance_ceiling,
         )
         res = evaluate(cfg, log=log, raise_on_error=False)
         r.update(status=res["status"], failed=res["failed"], skipped=res["skipped"], wall_s=res.get("wall_s"),
                  eagle3_vs_ngram=res["summary"]["eagle3_vs_ngram"],
                  baseline_repetition=res.get("baseline_repetition"),
+                 **{k: res[k] for k in ("acceptance_ceiling", "acceptance_ceiling_error") if k in res},
                  configs=[{k: c.get(k) for k in ("name", "status", "engine_start_s", "wall_s", "error")}
                           for c in res["configs"]])
         if a.out:
@@ -847,6 +849,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate: 0 greedy; above 0 sampled, prompt i with seed --seed + i in every configuration")
     g.add_argument("--top-p", type=unit_interval, default=1.0,
                    help="evaluate, sampled: the nucleus (Kimi-K2.5 is served at temperature 1.0, top_p 0.95)")
+    g.add_argument("--acceptance-ceiling", action="store_true",
+                   help="evaluate, sampled: also the target's top-20 logprobs along the baseline's outputs "
+                        "(one more engine), the most vLLM can accept of any draft's tokens")
     g.add_argument("--eval-max-model-len", type=int, default=1024)
     g.add_argument("--eval-budget-s", type=float, help="skip configurations that would not fit in this many seconds")
     return p
@@ -857,19 +862,23 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(f"terminated by signal {signum} (a timeout?)")
 
 
-def _refuse_unused_nucleus(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    # greedy decoding has no nucleus to narrow: a --top-p that would be ignored is a usage error
+def _refuse_flags_of_sampled_runs(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    # greedy decoding has no nucleus to narrow and no acceptance by probability: flags that
+    # would be ignored are usage errors
     for top_p, temperature in (("top_p", "temperature"), ("sd_top_p", "sd_temperature")):
         if getattr(a, top_p) < 1.0 and getattr(a, temperature) == 0:
             flag, tflag = "--" + top_p.replace("_", "-"), "--" + temperature.replace("_", "-")
             p.error(f"{flag} {getattr(a, top_p):g} only applies to sampled runs: add {tflag} T (above 0), "
                     f"or drop {flag}")
+    if a.acceptance_ceiling and a.temperature == 0:  # greedy verification accepts exact matches only
+        p.error("--acceptance-ceiling measures sampled runs: add --temperature T (above 0), "
+                "or drop --acceptance-ceiling")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = build_parser()
     a = p.parse_args(argv)
-    _refuse_unused_nucleus(p, a)
+    _refuse_flags_of_sampled_runs(p, a)
     import signal
     import threading
 

@@ -325,8 +325,29 @@ def test_a_nucleus_with_its_temperature_is_accepted():
     p = e2e.build_parser()
     a = p.parse_args(["evaluate", "--work", "w", "--temperature", "1", "--top-p", "0.95",
                       "--sd-temperature", "0.7", "--sd-top-p", "0.9"])
-    e2e._refuse_unused_nucleus(p, a)  # no SystemExit
+    e2e._refuse_flags_of_sampled_runs(p, a)  # no SystemExit
     assert (a.top_p, a.sd_top_p) == (0.95, 0.9)
+
+
+def test_an_acceptance_ceiling_on_a_greedy_run_is_refused_before_any_phase_starts(tmp_path, capsys):
+    from examples.eagle3_e2e import e2e
+
+    work = tmp_path / "w"
+    with pytest.raises(SystemExit) as exc:
+        e2e.main(["all", "--model", "kimi", "--work", str(work), "--acceptance-ceiling"])
+    assert exc.value.code == 2
+    assert "--acceptance-ceiling measures sampled runs: add --temperature" in capsys.readouterr().err
+    assert not work.exists()
+
+
+def test_an_acceptance_ceiling_with_sampling_is_accepted():
+    from examples.eagle3_e2e import e2e
+
+    p = e2e.build_parser()
+    a = p.parse_args(["all", "--model", "kimi", "--work", "w", "--temperature", "1", "--top-p", "0.95",
+                      "--acceptance-ceiling"])
+    e2e._refuse_flags_of_sampled_runs(p, a)  # no SystemExit
+    assert a.acceptance_ceiling
 
 
 def test_pipeline_fails_fast_when_the_target_process_died(tmp_path):
