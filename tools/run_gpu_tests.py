@@ -19,7 +19,8 @@ where it failed and the message, and the code it ran (the git commit, or a hash 
 sources without git); each unit's whole pytest output and its tests' records are kept in
 ``<report>-logs/``. A second run of the same code skips the tests already there (``--fresh``
 runs everything, ``--retry-failed`` the failures again); durations of earlier runs order the
-units. Stopped by SIGTERM or SIGINT, it stops its units and the engines they started. The
+units, and where this host has none, those of a measured run shipped in
+``tests/gpu/durations.json`` (``--save-durations`` merges the results file into it). Stopped by SIGTERM or SIGINT, it stops its units and the engines they started. The
 report holds the versions (vLLM, torch, CUDA, GPU), each test's outcome, the wall-clock time
 against the sum of the tests' own, and the records the tests write (``VLLM_COMPAT_GPU_RESULTS``).
 """
@@ -46,7 +47,11 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU_TESTS = ROOT / "tests" / "gpu"
 KV_BYTES = str(2 << 30)
 PER_JOB_GIB = 14.0  # one test process: its engines' weights, a 2 GiB KV cache, activations
-DEFAULT_TEST_S = 60.0  # a test never timed before
+DEFAULT_TEST_S = 60.0  # a test never timed before, here or in SHIPPED_DURATIONS
+# Each test's duration in a measured run, shipped so that a fresh host (no results file yet)
+# still starts the longest units first: with every test at DEFAULT_TEST_S, a long unit added
+# since can start last and hold the whole suite up.
+SHIPPED_DURATIONS = GPU_TESTS / "durations.json"
 FINISHED = {"passed", "skipped", "xfailed", "xpassed"}
 STOP_GRACE_S = 10.0  # SIGTERM to a unit's processes, then SIGKILL
 _UNITS: dict[int, subprocess.Popen] = {}  # running units by pid; each leads a process group
@@ -90,6 +95,31 @@ def latest_by_test(rows: list[dict[str, Any]], code: str) -> dict[str, dict[str,
 def durations(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Each test's most recent duration, whatever code it ran."""
     return {r["test"]: float(r.get("seconds") or 0.0) for r in rows}
+
+
+def shipped_durations(path: Path = SHIPPED_DURATIONS) -> dict[str, float]:
+    if not path.exists():
+        return {}
+    return {t: float(s) for t, s in json.loads(path.read_text())["seconds"].items()}
+
+
+def unit_seconds(earlier: list[dict[str, Any]],
+                 shipped: Path = SHIPPED_DURATIONS) -> dict[str, float]:
+    """What orders the units: this host's own durations, else the shipped ones."""
+    return {**shipped_durations(shipped), **durations(earlier)}
+
+
+def save_durations(results: Path, path: Path = SHIPPED_DURATIONS) -> dict[str, float]:
+    """Merge the durations of the tests that ran (not skipped: a skip on a smaller host says
+    nothing of the test's length) into the shipped file."""
+    ran = durations([r for r in read_results(results) if r.get("outcome") != "skipped"])
+    merged = dict(sorted({**shipped_durations(path), **ran}.items()))
+    body = {"what": "seconds each GPU test took in its latest measured run; "
+                    "tools/run_gpu_tests.py orders units by them where its results file "
+                    "has not timed a test (run_gpu_tests.py --save-durations merges a results file into it)",
+            "seconds": {t: round(s, 1) for t, s in merged.items()}}
+    path.write_text(json.dumps(body, indent=1) + "\n")
+    return merged
 
 
 # --------------------------------------------------------------------------- units
@@ -247,6 +277,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--retry-failed", action="store_true", help="run failed tests again")
     ap.add_argument("--detach", action="store_true", help="run in the background; log beside --out")
     ap.add_argument("--status", action="store_true", help="print what the results file holds")
+    ap.add_argument("--save-durations", action="store_true",
+                    help=f"merge the results file's durations into {SHIPPED_DURATIONS.name}")
     ap.add_argument("pytest_args", nargs="*", help="test files or pytest arguments (after --)")
     return ap.parse_args(argv)
 
@@ -287,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         return status(results, code)
     if a.detach:
         return detach(raw, out)
+    if a.save_durations:
+        print(f"{len(save_durations(results))} durations -> {SHIPPED_DURATIONS}")
+        return 0
     env = dict(os.environ, VLLM_COMPAT_GPU_OUTCOMES=str(results), VLLM_COMPAT_CODE=code)
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # greedy tests never reach it; no JIT
     env.setdefault("VLLM_COMPAT_GPU_TEST_KV_BYTES", KV_BYTES)
@@ -301,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.fresh:
         done = {t for t, r in latest_by_test(earlier, code).items()
                 if r["outcome"] in FINISHED or not a.retry_failed}
-    todo = plan_units(tests, done, durations(earlier))
+    todo = plan_units(tests, done, unit_seconds(earlier))
     jobs = a.jobs or auto_jobs(len(todo), a.per_job_gib)
     print(f"{len(tests)} tests, {len(tests) - sum(len(u[1]) for u in todo)} already finished "
           f"for {code}; {len(todo)} units on {jobs} job(s); results -> {results}", flush=True)

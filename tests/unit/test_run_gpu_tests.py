@@ -190,3 +190,37 @@ def test_a_stopped_runner_stops_its_units_and_the_engines_they_started(tmp_path)
         raise AssertionError(f"the unit's engine process {engine} outlived the stopped runner: {out}")
     assert runner.returncode == 128 + signal.SIGTERM, out
     assert "stopped by signal 15: 1 unit(s) stopped" in out, out
+
+
+def test_a_fresh_host_orders_units_by_the_shipped_durations(tmp_path):
+    """With no results file yet, a long unit the host never timed still starts first: ordered by
+    DEFAULT_TEST_S alone, the serve unit below would start last and hold the suite up."""
+    tests = [("serve.py::t[kimi]", "serve.py::t[kimi]"), ("a.py::t1", "a.py"),
+             ("a.py::t2", "a.py")]
+    shipped = tmp_path / "durations.json"
+    shipped.write_text(json.dumps({"seconds": {"serve.py::t[kimi]": 300.0, "a.py::t1": 20.0}}))
+    plan = R.plan_units(tests, set(), R.unit_seconds([], shipped))
+    assert [u for u, _, _ in plan] == ["serve.py::t[kimi]", "a.py"]
+    # this host's own durations win over the shipped ones
+    here = [{"test": "serve.py::t[kimi]", "outcome": "passed", "seconds": 5.0}]
+    plan = R.plan_units(tests, set(), R.unit_seconds(here, shipped))
+    assert [u for u, _, _ in plan] == ["a.py", "serve.py::t[kimi]"]
+
+
+def test_save_durations_merges_what_ran_and_leaves_out_skips(tmp_path):
+    shipped = tmp_path / "durations.json"
+    shipped.write_text(json.dumps({"seconds": {"a.py::t1": 20.0, "b.py::t": 90.0}}))
+    results = tmp_path / "gpu-results.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in [
+        {"test": "a.py::t1", "outcome": "passed", "seconds": 25.0},
+        {"test": "b.py::t", "outcome": "skipped", "seconds": 0.1},  # a smaller host
+        {"test": "c.py::t", "outcome": "failed", "seconds": 40.0}]) + "\n")
+    R.save_durations(results, shipped)
+    assert R.shipped_durations(shipped) == {"a.py::t1": 25.0, "b.py::t": 90.0, "c.py::t": 40.0}
+
+
+def test_the_shipped_durations_name_tests_that_exist():
+    """A renamed or removed GPU test leaves a stale entry; every entry names a collected test."""
+    collected = {n for n, _ in R.collect([str(R.GPU_TESTS)], dict(__import__("os").environ))}
+    stale = set(R.shipped_durations()) - collected
+    assert R.shipped_durations() and not stale, sorted(stale)
