@@ -20,9 +20,10 @@ sources without git); each unit's whole pytest output and its tests' records are
 ``<report>-logs/``. A second run of the same code skips the tests already there (``--fresh``
 runs everything, ``--retry-failed`` the failures again); durations of earlier runs order the
 units, and where this host has none, those of a measured run shipped in
-``tests/gpu/durations.json`` (``--save-durations`` merges the results file into it). Stopped by SIGTERM or SIGINT, it stops its units and the engines they started. The
-report holds the versions (vLLM, torch, CUDA, GPU), each test's outcome, the wall-clock time
-against the sum of the tests' own, and the records the tests write (``VLLM_COMPAT_GPU_RESULTS``).
+``tests/gpu/durations.json`` (``--save-durations`` merges the results file into it).
+Stopped by SIGTERM or SIGINT, it stops its units and the engines they started. The report
+holds the versions (vLLM, torch, CUDA, GPU), each test's outcome, the wall-clock time against
+the sum of the tests' own, and the records the tests write (``VLLM_COMPAT_GPU_RESULTS``).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def save_durations(results: Path, path: Path = SHIPPED_DURATIONS) -> dict[str, f
     merged = dict(sorted({**shipped_durations(path), **ran}.items()))
     body = {"what": "seconds each GPU test took in its latest measured run; "
                     "tools/run_gpu_tests.py orders units by them where its results file "
-                    "has not timed a test (run_gpu_tests.py --save-durations merges a results file into it)",
+                    "has not timed a test (its --save-durations merges a results file in)",
             "seconds": {t: round(s, 1) for t, s in merged.items()}}
     path.write_text(json.dumps(body, indent=1) + "\n")
     return merged
