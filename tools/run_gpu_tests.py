@@ -101,7 +101,12 @@ def durations(rows: list[dict[str, Any]]) -> dict[str, float]:
 def shipped_durations(path: Path = SHIPPED_DURATIONS) -> dict[str, float]:
     if not path.exists():
         return {}
-    return {t: float(s) for t, s in json.loads(path.read_text())["seconds"].items()}
+    try:
+        return {t: float(s) for t, s in json.loads(path.read_text())["seconds"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        sys.stderr.write(f"{path}: not a durations file ({type(e).__name__}: {e}); "
+                         "fix it or delete it\n")
+        raise SystemExit(2) from None
 
 
 def unit_seconds(earlier: list[dict[str, Any]],

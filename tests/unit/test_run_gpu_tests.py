@@ -5,9 +5,12 @@ outcome like any other)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tools import run_gpu_tests as R
 
@@ -69,7 +72,7 @@ def test_a_failure_is_recorded_with_its_message_and_place(tmp_path):
         "def test_fixture(broken):\n"
         "    pass\n")
     out = tmp_path / "outcomes.jsonl"
-    env = dict(__import__("os").environ, VLLM_COMPAT_GPU_OUTCOMES=str(out), VLLM_COMPAT_CODE="c")
+    env = dict(os.environ, VLLM_COMPAT_GPU_OUTCOMES=str(out), VLLM_COMPAT_CODE="c")
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                     "-p", "tests.gpu.conftest", str(tmp_path / "test_fails.py")],
                    cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -91,7 +94,7 @@ def test_a_skip_is_recorded_with_its_reason_and_a_path_inside_the_checkout(tmp_p
                                             "def test_fails():\n"
                                             "    assert 1 == 2, 'off'\n")
     out = tmp_path / "outcomes.jsonl"
-    env = dict(__import__("os").environ, VLLM_COMPAT_GPU_OUTCOMES=str(out), VLLM_COMPAT_CODE="c",
+    env = dict(os.environ, VLLM_COMPAT_GPU_OUTCOMES=str(out), VLLM_COMPAT_CODE="c",
                PYTHONPATH=str(ROOT))
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                     "-p", "tests.gpu.conftest", str(tmp_path / "test_skips.py")],
@@ -221,6 +224,14 @@ def test_save_durations_merges_what_ran_and_leaves_out_skips(tmp_path):
 
 def test_the_shipped_durations_name_tests_that_exist():
     """A renamed or removed GPU test leaves a stale entry; every entry names a collected test."""
-    collected = {n for n, _ in R.collect([str(R.GPU_TESTS)], dict(__import__("os").environ))}
+    collected = {n for n, _ in R.collect([str(R.GPU_TESTS)], dict(os.environ))}
     stale = set(R.shipped_durations()) - collected
     assert R.shipped_durations() and not stale, sorted(stale)
+
+
+def test_a_broken_durations_file_is_one_line_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "durations.json"
+    bad.write_text('{"seconds": ')  # cut short
+    with pytest.raises(SystemExit) as e:
+        R.shipped_durations(bad)
+    assert e.value.code == 2 and "not a durations file" in capsys.readouterr().err
