@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -87,8 +88,21 @@ def _generate(args: argparse.Namespace, srv: ServerProcess, model: str, prep: Pa
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"generate-offline-data failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    n = len(list(out.glob("hs_*.safetensors")))
-    return {"seconds": round(dt, 2), "files": n, "samples_s": round(n / dt, 2)}
+    files = list(out.glob("hs_*.safetensors"))
+    n = len(files)
+    return {"seconds": round(dt, 2), "files": n, "samples_s": round(n / dt, 2),
+            "bytes": sum(f.stat().st_size for f in files)}
+
+
+def keep_for_comparison(out: Path, n: int) -> int:
+    """Delete all but the ``n`` files :func:`compare_files` reads; returns the files deleted.
+
+    Each run's files fill the disk (2,000 samples of the 1.1B target are about 25 GB), so the
+    first run's must go before the second writes its own."""
+    names = sorted(p.name for p in out.glob("hs_*.safetensors"))
+    for name in names[n:]:
+        (out / name).unlink()
+    return max(0, len(names) - n)
 
 
 def _layer_ids(args: argparse.Namespace, model: str) -> list[int]:
@@ -157,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, make in runs.items():
         with make(args, model, work / f"{name}-store", work / f"{name}.log") as srv:
             res[name] = _generate(args, srv, model, prep, work / f"{name}-out")
+        keep_for_comparison(work / f"{name}-out", args.compare_files)
+        shutil.rmtree(work / f"{name}-store", ignore_errors=True)
         Path(args.out).write_text(json.dumps(res, indent=1))
     res["speed_ratio"] = round(res["serve_hidden_states"]["samples_s"]
                                / res["vllm_serve"]["samples_s"], 3)

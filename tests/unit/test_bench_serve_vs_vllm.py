@@ -47,3 +47,13 @@ def test_a_built_model_ships_a_tokenizer(tmp_path):
 
     path = sv._model(argparse.Namespace(model="llama-tiny"), tmp_path, device="cpu")
     assert AutoTokenizer.from_pretrained(path).encode("hello")
+
+
+def test_keep_for_comparison_leaves_exactly_the_files_compare_files_reads(tmp_path):
+    hs = torch.zeros(2, 1, 4, dtype=torch.bfloat16)
+    for i in range(12):
+        save_hidden_states(tmp_path / f"hs_{i}.safetensors", [1, 2], hs)
+    read = sorted(p.name for p in tmp_path.glob("hs_*.safetensors"))[:5]
+    assert sv.keep_for_comparison(tmp_path, 5) == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == read
+    assert sv.keep_for_comparison(tmp_path, 64) == 0
