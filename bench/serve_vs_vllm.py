@@ -94,16 +94,22 @@ def _generate(args: argparse.Namespace, srv: ServerProcess, model: str, prep: Pa
             "bytes": sum(f.stat().st_size for f in files)}
 
 
-def keep_for_comparison(out: Path, n: int) -> int:
-    """Delete all but the ``n`` files :func:`compare_files` reads; returns the files deleted.
+def compared_names(out: Path, n: int) -> list[str]:
+    """The names of the ``n`` files :func:`compare_files` reads from ``out``."""
+    return sorted(p.name for p in out.glob("hs_*.safetensors"))[:n]
 
-    Each run's files fill the disk (2,000 samples of the 1.1B target: about 25 GB at 768 tokens
-    of 4 states of 2,048 bf16 values each), so the
-    first run's must go before the second writes its own."""
-    names = sorted(p.name for p in out.glob("hs_*.safetensors"))
-    for name in names[n:]:
-        (out / name).unlink()
-    return max(0, len(names) - n)
+
+def keep_for_comparison(out: Path, n: int) -> int:
+    """Delete all but the files :func:`compare_files` reads; returns the files deleted.
+
+    Each run's files fill the disk (2,000 samples of the 1.1B target: about 25 GB at 768
+    tokens of 4 states of 2,048 bf16 values), so the first run's must go before the second
+    writes its own."""
+    keep = set(compared_names(out, n))
+    gone = [p for p in out.glob("hs_*.safetensors") if p.name not in keep]
+    for p in gone:
+        p.unlink()
+    return len(gone)
 
 
 def _layer_ids(args: argparse.Namespace, model: str) -> list[int]:
@@ -138,7 +144,7 @@ def compare_files(a: Path, b: Path, n: int) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    names = sorted(p.name for p in a.glob("hs_*.safetensors"))[:n]
+    names = compared_names(a, n)
     exact = total = 0
     worst = 0.0
     for name in names:
